@@ -1,0 +1,68 @@
+// The table of live pooled allocations: device pointer -> what we know about it. Sharded by
+// pointer hash with one small lock per shard, so that threads freeing different pointers do
+// not contend and no lock is process-wide. Slots live in mmap'd memory that grows by doubling
+// under the shard lock: steady-state inserts and removals never allocate.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+
+#include "spin_lock.h"
+
+namespace poolshim {
+
+struct Allocation {
+  std::uint64_t requested = 0;  // bytes the application asked for
+  std::uint64_t birth_ns = 0;   // coarse monotonic time of the allocation
+  std::uintptr_t stream = 0;    // the stream of a cudaMallocAsync; 0 for cudaMalloc
+  std::int32_t device = -1;
+  std::uint32_t flags = 0;
+
+  static constexpr std::uint32_t kAsync = 1;
+};
+
+class AllocationTable {
+ public:
+  static constexpr int kShards = 64;
+
+  AllocationTable();
+  ~AllocationTable();
+  AllocationTable(const AllocationTable&) = delete;
+  AllocationTable& operator=(const AllocationTable&) = delete;
+
+  /// Records a live allocation. `ptr` must not be 0 and must not be present.
+  void insert(std::uintptr_t ptr, const Allocation& a);
+  /// Removes and returns the record of `ptr`, or nullopt when the pool did not hand it out.
+  std::optional<Allocation> take(std::uintptr_t ptr);
+  /// The record of `ptr` without removing it.
+  std::optional<Allocation> find(std::uintptr_t ptr) const;
+  /// Removes every record of `device`, calling `dropped` for each (under its shard's lock).
+  void drop_device(int device, const std::function<void(std::uintptr_t, const Allocation&)>& dropped);
+  /// Calls `visit` for every record, one shard locked at a time.
+  void for_each(const std::function<void(std::uintptr_t, const Allocation&)>& visit) const;
+  std::size_t size() const;
+
+ private:
+  struct Slot {
+    std::uintptr_t key;  // 0 = empty
+    Allocation value;
+  };
+  struct alignas(64) Shard {
+    mutable SpinLock lock;
+    Slot* slots = nullptr;
+    std::size_t capacity = 0;  // power of two
+    std::size_t count = 0;
+  };
+
+  static std::uint64_t hash(std::uintptr_t ptr);
+  static Shard& shard_for(Shard* shards, std::uint64_t h);
+  static void grow(Shard& s);
+  static void insert_unlocked(Shard& s, std::uintptr_t key, const Allocation& value, std::uint64_t h);
+  static void erase_at(Shard& s, std::size_t index);
+
+  Shard shards_[kShards];
+};
+
+}  // namespace poolshim

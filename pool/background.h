@@ -1,0 +1,70 @@
+// The background thread (DESIGN §1, §5): opens the log at the first device-memory call, writes
+// the `start` record, turns queued events into `warning` and `oom` records, writes a `sample`
+// per device in use every sample_ms, trims idle pools gradually, and at exit writes the final
+// samples and the `exit` record. Hooks never do any of this themselves.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "events.h"
+#include "log_file.h"
+#include "records.h"
+#include "router.h"
+
+namespace poolshim {
+
+class BackgroundWorker {
+ public:
+  /// `startup_warnings` (bad options and the like) become `warning` records after `start`.
+  BackgroundWorker(Router& router, EventQueue& events, ProcessInfo info,
+                   std::vector<std::string> startup_warnings);
+  ~BackgroundWorker();
+  BackgroundWorker(const BackgroundWorker&) = delete;
+  BackgroundWorker& operator=(const BackgroundWorker&) = delete;
+
+  void start();
+  /// Writes the final samples and the `exit` record (with `notes`), then ends the thread.
+  /// Safe to call more than once and without start() (then nothing is written).
+  void finish(std::vector<std::string> notes);
+
+  /// Runs one round of work at monotonic time `now_ns` (for tests; the thread calls it too).
+  void tick(std::uint64_t now_ns);
+  /// Opens the log and writes the start record (for tests; the thread calls it first).
+  void begin();
+  /// Final records (for tests; finish() calls it on the thread).
+  void end(const std::vector<std::string>& notes);
+  const ProcessInfo& info() const { return info_; }
+
+ private:
+  void run();
+  void write_events();
+  void write(const std::string& record);
+  void trim_if_idle(const DeviceSnapshot& snap, std::uint64_t now_ns);
+  double t(std::uint64_t mono_ns) const { return seconds_since_start(info_, mono_ns); }
+
+  Router& router_;
+  EventQueue& events_;
+  ProcessInfo info_;
+  std::vector<std::string> startup_warnings_;
+  LogFile log_;
+  std::thread thread_;
+  std::mutex finish_mutex_;
+  std::vector<std::string> exit_notes_;
+  bool started_ = false;
+  bool finished_ = false;
+  std::uint64_t next_sample_ns_ = 0;
+
+  struct Activity {
+    std::uint64_t calls = 0;        // allocs + frees at the last look
+    std::uint64_t changed_ns = 0;   // when that figure last changed
+    bool exhausted = false;         // a trim released nothing: wait for new activity
+  };
+  std::map<int, Activity> activity_;
+};
+
+}  // namespace poolshim

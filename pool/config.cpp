@@ -1,0 +1,243 @@
+#include "config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+
+namespace poolshim {
+
+const std::vector<OptionInfo>& option_table() {
+  static const std::vector<OptionInfo> table = {
+#define POOLSHIM_INFO(name, kind, def, meaning) {#name, OptionKind::kind, def, meaning},
+      POOLSHIM_OPTIONS(POOLSHIM_INFO)
+#undef POOLSHIM_INFO
+  };
+  return table;
+}
+
+std::vector<std::string> choice_values(std::string_view option_name) {
+  if (option_name == "free") return {"sync"};
+  return {};
+}
+
+std::string env_name(std::string_view option_name) {
+  std::string out = "POOLSHIM_";
+  for (char c : option_name) out += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+const char* source_name(Source s) {
+  switch (s) {
+    case Source::default_value: return "default";
+    case Source::conf_string: return "POOLSHIM_CONF";
+    case Source::environment: return "environment";
+  }
+  return "?";
+}
+
+namespace {
+
+const char* kind_expectation(OptionKind kind) {
+  switch (kind) {
+    case OptionKind::Bool: return "a boolean (1/0, true/false, on/off, yes/no)";
+    case OptionKind::Path: return "a path whose % escapes are %p, %h, %r, %t or %%";
+    case OptionKind::Milliseconds: return "a duration in milliseconds (e.g. 500, 500ms, 2s)";
+    case OptionKind::Size: return "a size (bytes with K/M/G/T, e.g. 512M, or a % of device memory)";
+    case OptionKind::Choice: return "one of";
+  }
+  return "?";
+}
+
+bool valid_path_template(std::string_view text) {
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '%') continue;
+    if (i + 1 == text.size()) return false;
+    const char c = text[i + 1];
+    if (c != 'p' && c != 'h' && c != 'r' && c != 't' && c != '%') return false;
+    ++i;
+  }
+  return true;
+}
+
+// Sets `field` from `text`; false when the text is not a valid value of the kind.
+bool assign(bool& field, std::string_view text, const OptionInfo&) {
+  auto v = parse_bool(text);
+  if (v) field = *v;
+  return v.has_value();
+}
+bool assign(std::string& field, std::string_view text, const OptionInfo& info) {
+  if (info.kind == OptionKind::Path) {
+    if (!valid_path_template(text)) return false;
+    field = std::string(text);
+    return true;
+  }
+  const std::string value = to_lower(trim(text));
+  const auto values = choice_values(info.name);
+  if (std::find(values.begin(), values.end(), value) == values.end()) return false;
+  field = value;
+  return true;
+}
+bool assign(std::uint64_t& field, std::string_view text, const OptionInfo&) {
+  auto v = parse_milliseconds(text);
+  if (v) field = *v;
+  return v.has_value();
+}
+bool assign(SizeValue& field, std::string_view text, const OptionInfo&) {
+  auto v = parse_size(text, /*allow_percent=*/true);
+  if (v) field = *v;
+  return v.has_value();
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string suggestion_for(std::string_view unknown_key) {
+  std::string best;
+  std::size_t best_distance = 4;  // suggest only near misses
+  for (const auto& info : option_table()) {
+    const std::size_t d = edit_distance(unknown_key, info.name);
+    if (d < best_distance) {
+      best_distance = d;
+      best = info.name;
+    }
+  }
+  return best;
+}
+
+std::string choice_list(std::string_view option_name) {
+  std::string out;
+  for (const auto& v : choice_values(option_name)) out += (out.empty() ? "" : "|") + v;
+  return out;
+}
+
+}  // namespace
+
+Config Config::defaults() {
+  Config c;
+  for (const auto& info : option_table()) {
+    c.sources.push_back(Source::default_value);
+    c.texts.emplace_back(info.default_text);
+  }
+#define POOLSHIM_DEFAULT(NAME, KIND, DEFAULT, MEANING)                                    \
+  {                                                                                   \
+    static const OptionInfo info{#NAME, OptionKind::KIND, DEFAULT, MEANING};              \
+    [[maybe_unused]] const bool ok = assign(c.NAME, std::string_view(DEFAULT), info);     \
+  }
+  POOLSHIM_OPTIONS(POOLSHIM_DEFAULT)
+#undef POOLSHIM_DEFAULT
+  return c;
+}
+
+ParsedConfig parse_config(const std::vector<std::string>& environment) {
+  ParsedConfig out;
+  out.config = Config::defaults();
+  const auto& table = option_table();
+
+  // Collect values: POOLSHIM_CONF first, then variables, so that variables win.
+  struct Setting {
+    std::string text;
+    Source source;
+    std::string origin;  // how to name it in a message
+  };
+  std::map<std::string, Setting> settings;
+  std::vector<std::pair<std::string, std::string>> variables;
+  for (const auto& entry : environment) {
+    const auto eq = entry.find('=');
+    if (eq == std::string::npos || entry.compare(0, 9, "POOLSHIM_") != 0) continue;
+    variables.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
+  }
+  auto find_option = [&](std::string_view key) -> const OptionInfo* {
+    const std::string lower = to_lower(key);
+    for (const auto& info : table) {
+      if (lower == info.name) return &info;
+    }
+    return nullptr;
+  };
+  for (const auto& [name, value] : variables) {
+    if (name != "POOLSHIM_CONF") continue;
+    std::string_view rest(value);
+    while (!rest.empty()) {
+      const auto comma = rest.find(',');
+      const std::string_view item = trim(rest.substr(0, comma));
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+      if (item.empty()) continue;
+      const auto eq = item.find('=');
+      if (eq == std::string_view::npos) {
+        out.warnings.push_back("POOLSHIM_CONF: \"" + std::string(item) +
+                               "\" is not key=value; ignored");
+        continue;
+      }
+      const std::string key = to_lower(trim(item.substr(0, eq)));
+      const OptionInfo* info = find_option(key);
+      if (info == nullptr) {
+        const std::string near = suggestion_for(key);
+        out.warnings.push_back("POOLSHIM_CONF: \"" + key + "\" is not a poolshim option" +
+                               (near.empty() ? "" : " (did you mean " + near + "?)") +
+                               "; ignored");
+        continue;
+      }
+      settings[info->name] = {std::string(trim(item.substr(eq + 1))), Source::conf_string,
+                              "POOLSHIM_CONF " + key};
+    }
+  }
+  for (const auto& [name, value] : variables) {
+    if (name == "POOLSHIM_CONF") continue;
+    const OptionInfo* info = find_option(std::string_view(name).substr(9));
+    if (info == nullptr || env_name(info->name) != name) {
+      const std::string near = suggestion_for(to_lower(std::string_view(name).substr(9)));
+      out.warnings.push_back(name + " is not a poolshim option" +
+                             (near.empty() ? "" : " (did you mean " + env_name(near) + "?)") +
+                             "; ignored");
+      continue;
+    }
+    settings[info->name] = {value, Source::environment, name};
+  }
+
+  // Apply them through the typed fields.
+  std::size_t index = 0;
+#define POOLSHIM_APPLY(NAME, KIND, DEFAULT, MEANING)                                                \
+  {                                                                                             \
+    const auto it = settings.find(#NAME);                                                       \
+    if (it != settings.end()) {                                                                 \
+      const OptionInfo& info = table[index];                                                    \
+      if (assign(out.config.NAME, it->second.text, info)) {                                     \
+        out.config.sources[index] = it->second.source;                                          \
+        out.config.texts[index] = it->second.text;                                              \
+      } else {                                                                                  \
+        std::string expect = kind_expectation(info.kind);                                       \
+        if (info.kind == OptionKind::Choice) expect += " " + choice_list(info.name);            \
+        out.warnings.push_back(it->second.origin + "=\"" + it->second.text + "\" is not " +     \
+                               expect + "; using " + (*DEFAULT ? DEFAULT : "\"\"") + " (the default)"); \
+      }                                                                                         \
+    }                                                                                           \
+    ++index;                                                                                    \
+  }
+  POOLSHIM_OPTIONS(POOLSHIM_APPLY)
+#undef POOLSHIM_APPLY
+  return out;
+}
+
+std::vector<std::string> describe_config(const Config& config) {
+  std::vector<std::string> lines;
+  const auto& table = option_table();
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    lines.push_back(std::string(table[i].name) + " = " +
+                    (config.texts[i].empty() ? "\"\"" : config.texts[i]) + " (" +
+                    source_name(config.sources[i]) + ")");
+  }
+  return lines;
+}
+
+}  // namespace poolshim

@@ -1,0 +1,110 @@
+// The one table of options (DESIGN §4). Every option is listed once in POOLSHIM_OPTIONS; the
+// struct, the parser, the verbose printer, the start record and the README table (checked by
+// tests/unit/test_readme.cpp) all come from it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "units.h"
+
+namespace poolshim {
+
+// X(name, kind, default, meaning). The variable is POOLSHIM_<NAME>; the POOLSHIM_CONF key is
+// the name. Choice options list their values in choice_values().
+#define POOLSHIM_OPTIONS(X)                                                                        \
+  X(enable, Bool, "1",                                                                             \
+    "Route allocations into the pool; 0 passes every call through untouched (for A/B runs).")      \
+  X(log, Path, "poolshim-%p.jsonl",                                                                \
+    "Log file (JSON Lines), created at the first device-memory call. %p pid, %h host, %r rank, "   \
+    "%t start time, %% a percent sign; empty disables the log.")                                   \
+  X(sample_ms, Milliseconds, "1000",                                                               \
+    "Interval between `sample` records (ms, or with an s suffix); 0 writes samples only at exit.") \
+  X(release_threshold, Size, "0",                                                                  \
+    "Unused pool memory kept cached after the pool has been idle for idle_trim_ms (bytes with "    \
+    "K/M/G/T, or % of device memory).")                                                            \
+  X(idle_trim_ms, Milliseconds, "5000",                                                            \
+    "Idle time after which unused pool memory is given back gradually (half of what is above "     \
+    "release_threshold each tick); 0 never trims.")                                                \
+  X(reuse_follow_event_deps, Bool, "1",                                                            \
+    "cudaMemPoolReuseFollowEventDependencies: reuse a block freed on another stream once an "      \
+    "event orders the two streams.")                                                               \
+  X(reuse_opportunistic, Bool, "1",                                                                \
+    "cudaMemPoolReuseAllowOpportunistic: reuse a block freed on another stream once its free has " \
+    "completed.")                                                                                  \
+  X(reuse_internal_deps, Bool, "1",                                                                \
+    "cudaMemPoolReuseAllowInternalDependencies: let the driver make a stream wait for another "    \
+    "stream's free in order to reuse its block.")                                                  \
+  X(free, Choice, "sync",                                                                          \
+    "cudaFree mode. sync: synchronize the device, then return the block to the pool (native "      \
+    "ordering).")                                                                                  \
+  X(oom_retry, Bool, "1",                                                                          \
+    "On out-of-memory, synchronize, trim the pool's unused memory and retry once.")                \
+  X(verbose, Bool, "0",                                                                            \
+    "Print the effective configuration, and where each value came from, to stderr.")               \
+  X(strict, Bool, "0", "Refuse to start (exit status 2) on a bad option instead of warning.")
+
+enum class OptionKind { Bool, Path, Milliseconds, Size, Choice };
+
+/// Where an option's value came from.
+enum class Source { default_value, conf_string, environment };
+
+struct OptionInfo {
+  const char* name;
+  OptionKind kind;
+  const char* default_text;
+  const char* meaning;
+};
+
+/// The table, in declaration order.
+const std::vector<OptionInfo>& option_table();
+
+/// The accepted values of a Choice option.
+std::vector<std::string> choice_values(std::string_view option_name);
+
+/// "POOLSHIM_RELEASE_THRESHOLD" for "release_threshold".
+std::string env_name(std::string_view option_name);
+
+namespace detail {
+template <OptionKind K> struct ValueType;
+template <> struct ValueType<OptionKind::Bool> { using type = bool; };
+template <> struct ValueType<OptionKind::Path> { using type = std::string; };
+template <> struct ValueType<OptionKind::Milliseconds> { using type = std::uint64_t; };
+template <> struct ValueType<OptionKind::Size> { using type = SizeValue; };
+template <> struct ValueType<OptionKind::Choice> { using type = std::string; };
+}  // namespace detail
+
+struct Config {
+#define POOLSHIM_FIELD(name, kind, def, meaning) \
+  detail::ValueType<OptionKind::kind>::type name{};
+  POOLSHIM_OPTIONS(POOLSHIM_FIELD)
+#undef POOLSHIM_FIELD
+
+  /// Where each option's value came from, in table order.
+  std::vector<Source> sources;
+  /// The text each value was parsed from (the default's text for defaults), in table order.
+  std::vector<std::string> texts;
+
+  /// All defaults.
+  static Config defaults();
+};
+
+struct ParsedConfig {
+  Config config;
+  /// One line per problem: names the variable, the bad value and the value used instead.
+  std::vector<std::string> warnings;
+};
+
+/// Reads POOLSHIM_* variables and POOLSHIM_CONF="key=value,..." from `environment`
+/// ("NAME=value" strings, like environ). A variable wins over the same key in POOLSHIM_CONF.
+/// A bad value keeps the default and adds a warning; so does an unknown POOLSHIM_* name.
+ParsedConfig parse_config(const std::vector<std::string>& environment);
+
+/// Lines for POOLSHIM_VERBOSE: "release_threshold = 0 (default)".
+std::vector<std::string> describe_config(const Config& config);
+
+const char* source_name(Source s);
+
+}  // namespace poolshim

@@ -1,0 +1,59 @@
+// The table of real CUDA driver functions that the core calls (DESIGN §1). The core never
+// calls an exported name directly: it calls through this table, which points at the real
+// libcuda.so.1 (or at the CPU test double in tests), so the shim's own calls cannot re-enter
+// its hooks. Each pointer's type is decltype(&::name) from cuda.h: a wrong signature does not
+// compile.
+#pragma once
+
+#include <cuda.h>
+
+#include <string>
+
+namespace poolshim {
+
+// The explicit _v2 names are the ones cuda.h's macros select; they are real exported symbols.
+#define POOLSHIM_DRIVER_FUNCTIONS(X)     \
+  X(cuInit)                              \
+  X(cuDriverGetVersion)                  \
+  X(cuGetErrorName)                      \
+  X(cuDeviceGetCount)                    \
+  X(cuDeviceGet)                         \
+  X(cuDeviceGetName)                     \
+  X(cuDeviceTotalMem_v2)                 \
+  X(cuDevicePrimaryCtxRetain)            \
+  X(cuDevicePrimaryCtxRelease_v2)        \
+  X(cuCtxGetCurrent)                     \
+  X(cuCtxSetCurrent)                     \
+  X(cuCtxPushCurrent_v2)                 \
+  X(cuCtxPopCurrent_v2)                  \
+  X(cuCtxSynchronize)                    \
+  X(cuCtxGetDevice)                      \
+  X(cuStreamCreate)                      \
+  X(cuStreamDestroy_v2)                  \
+  X(cuStreamSynchronize)                 \
+  X(cuStreamGetDevice)                   \
+  X(cuMemPoolCreate)                     \
+  X(cuMemPoolDestroy)                    \
+  X(cuMemPoolSetAttribute)               \
+  X(cuMemPoolGetAttribute)               \
+  X(cuMemPoolTrimTo)                     \
+  X(cuMemAllocFromPoolAsync)             \
+  X(cuMemFreeAsync)                      \
+  X(cuMemGetInfo_v2)
+
+struct DriverApi {
+#define POOLSHIM_DRIVER_POINTER(name) decltype(&::name) name = nullptr;
+  POOLSHIM_DRIVER_FUNCTIONS(POOLSHIM_DRIVER_POINTER)
+#undef POOLSHIM_DRIVER_POINTER
+
+  /// Opens `library` (dlopen, local scope) and resolves every function with `lookup`, which
+  /// is dlsym or, in the shim, the real dlsym behind its hook. Then calls cuInit(0).
+  /// Returns an empty string on success, else what went wrong (for the one warning).
+  using Lookup = void* (*)(void* handle, const char* name);
+  std::string load(const char* library, Lookup lookup);
+
+  /// "CUDA_ERROR_OUT_OF_MEMORY" for a result code; never null.
+  const char* error_name(CUresult r) const;
+};
+
+}  // namespace poolshim

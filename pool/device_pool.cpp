@@ -1,0 +1,129 @@
+#include "device_pool.h"
+
+#include <limits>
+
+namespace poolshim {
+
+namespace {
+
+std::string failure(const DriverApi& driver, const char* step, CUresult r) {
+  return std::string(step) + " failed: " + driver.error_name(r);
+}
+
+}  // namespace
+
+std::unique_ptr<DevicePool> DevicePool::create(const DriverApi& driver, int ordinal,
+                                               const PoolSettings& settings, std::string* error) {
+  std::unique_ptr<DevicePool> p(new DevicePool(driver, ordinal));
+  CUresult r = driver.cuDeviceGet(&p->device_, ordinal);
+  if (r != CUDA_SUCCESS) {
+    *error = failure(driver, "cuDeviceGet", r);
+    return nullptr;
+  }
+  std::size_t total = 0;
+  if ((r = driver.cuDeviceTotalMem_v2(&total, p->device_)) != CUDA_SUCCESS) {
+    *error = failure(driver, "cuDeviceTotalMem", r);
+    return nullptr;
+  }
+  p->device_total_ = total;
+  // Our own reference keeps the primary context (and so the pool) alive when the runtime
+  // releases its reference during its exit teardown: the exit record can still query the pool.
+  if ((r = driver.cuDevicePrimaryCtxRetain(&p->context_, p->device_)) != CUDA_SUCCESS) {
+    *error = failure(driver, "cuDevicePrimaryCtxRetain", r);
+    return nullptr;
+  }
+  p->retained_ = true;
+  if ((r = driver.cuCtxPushCurrent_v2(p->context_)) != CUDA_SUCCESS) {
+    *error = failure(driver, "cuCtxPushCurrent", r);
+    return nullptr;
+  }
+  // Non-blocking, so that the legacy default stream does not serialize with our private one.
+  r = driver.cuStreamCreate(&p->stream_, CU_STREAM_NON_BLOCKING);
+  CUcontext popped = nullptr;
+  driver.cuCtxPopCurrent_v2(&popped);
+  if (r != CUDA_SUCCESS) {
+    p->stream_ = nullptr;
+    *error = failure(driver, "cuStreamCreate", r);
+    return nullptr;
+  }
+
+  CUmemPoolProps props{};
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = ordinal;
+  if ((r = driver.cuMemPoolCreate(&p->pool_, &props)) != CUDA_SUCCESS) {
+    p->pool_ = nullptr;
+    *error = failure(driver, "cuMemPoolCreate", r);
+    return nullptr;
+  }
+  // The driver would give unused memory back at every synchronization above this threshold,
+  // and cudaFree synchronizes: with the default of 0 the pool would cache nothing. The shim
+  // trims an idle pool itself (release_threshold, idle_trim_ms) and on out-of-memory.
+  cuuint64_t keep_everything = std::numeric_limits<cuuint64_t>::max();
+  int follow = settings.reuse_follow_event_deps ? 1 : 0;
+  int opportunistic = settings.reuse_opportunistic ? 1 : 0;
+  int internal = settings.reuse_internal_deps ? 1 : 0;
+  struct {
+    CUmemPool_attribute attribute;
+    void* value;
+    const char* name;
+  } attributes[] = {
+      {CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep_everything, "release threshold"},
+      {CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, &follow, "reuse_follow_event_deps"},
+      {CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &opportunistic, "reuse_opportunistic"},
+      {CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &internal, "reuse_internal_deps"},
+  };
+  for (const auto& a : attributes) {
+    if ((r = driver.cuMemPoolSetAttribute(p->pool_, a.attribute, a.value)) != CUDA_SUCCESS) {
+      *error = std::string("setting the pool's ") + a.name + " failed: " + driver.error_name(r);
+      return nullptr;
+    }
+  }
+  return p;
+}
+
+DevicePool::~DevicePool() { release(); }
+
+void DevicePool::release() {
+  // A pool with live allocations is released by the driver once they are freed (or by the
+  // reset that follows); see cuMemPoolDestroy.
+  if (pool_ != nullptr) driver_.cuMemPoolDestroy(pool_);
+  if (stream_ != nullptr) driver_.cuStreamDestroy_v2(stream_);
+  if (retained_) driver_.cuDevicePrimaryCtxRelease_v2(device_);
+  pool_ = nullptr;
+  stream_ = nullptr;
+  retained_ = false;
+}
+
+PoolUsage DevicePool::usage() const {
+  PoolUsage u;
+  cuuint64_t v = 0;
+  u.valid = true;
+  struct {
+    CUmemPool_attribute attribute;
+    std::uint64_t* out;
+  } queries[] = {
+      {CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &u.reserved},
+      {CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &u.reserved_high},
+      {CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &u.used},
+      {CU_MEMPOOL_ATTR_USED_MEM_HIGH, &u.used_high},
+  };
+  for (const auto& q : queries) {
+    if (pool_ == nullptr || driver_.cuMemPoolGetAttribute(pool_, q.attribute, &v) != CUDA_SUCCESS) {
+      u.valid = false;
+      return u;
+    }
+    *q.out = v;
+  }
+  return u;
+}
+
+std::uint64_t DevicePool::trim_to(std::uint64_t keep_reserved) const {
+  const PoolUsage before = usage();
+  if (!before.valid || driver_.cuMemPoolTrimTo(pool_, keep_reserved) != CUDA_SUCCESS) return 0;
+  const PoolUsage after = usage();
+  return after.valid && after.reserved < before.reserved ? before.reserved - after.reserved : 0;
+}
+
+}  // namespace poolshim

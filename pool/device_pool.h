@@ -1,0 +1,72 @@
+// DevicePool: the one owner of a device's cudaMemPool (as rmm's cuda_async_memory_resource is).
+// It creates and configures the pool, holds a reference on the device's primary context so the
+// pool outlives the runtime's teardown at exit, owns the private stream that cudaMalloc and
+// cudaFree are served on, and is the only place that sets pool attributes.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "cuda_api.h"
+
+namespace poolshim {
+
+struct PoolSettings {
+  bool reuse_follow_event_deps = true;
+  bool reuse_opportunistic = true;
+  bool reuse_internal_deps = true;
+};
+
+/// The pool's own figures (cudaMemPoolAttr*MemCurrent/High).
+struct PoolUsage {
+  std::uint64_t reserved = 0;
+  std::uint64_t reserved_high = 0;
+  std::uint64_t used = 0;
+  std::uint64_t used_high = 0;
+  bool valid = false;
+};
+
+class DevicePool {
+ public:
+  /// Creates the pool of device `ordinal` in its primary context. nullptr and `error` set
+  /// when any step fails (nothing is left half-made).
+  static std::unique_ptr<DevicePool> create(const DriverApi& driver, int ordinal,
+                                            const PoolSettings& settings, std::string* error);
+  ~DevicePool();
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+  DevicePool(DevicePool&&) = delete;
+  DevicePool& operator=(DevicePool&&) = delete;
+
+  int ordinal() const { return ordinal_; }
+  CUmemoryPool handle() const { return pool_; }
+  CUstream stream() const { return stream_; }
+  CUcontext context() const { return context_; }
+  std::uint64_t device_total() const { return device_total_; }
+
+  PoolUsage usage() const;
+  /// Gives unused memory back until the pool holds fewer than `keep_reserved` bytes
+  /// (cuMemPoolTrimTo). Returns the bytes released (by the pool's reserved figure).
+  std::uint64_t trim_to(std::uint64_t keep_reserved) const;
+
+  /// Destroys the pool and the stream and drops the context reference now (before a
+  /// cudaDeviceReset). The object stays valid; its calls then fail and callers pass through.
+  void release();
+
+ private:
+  DevicePool(const DriverApi& driver, int ordinal) : driver_(driver), ordinal_(ordinal) {}
+
+  const DriverApi& driver_;
+  int ordinal_;
+  CUdevice device_ = 0;
+  CUcontext context_ = nullptr;
+  CUstream stream_ = nullptr;
+  CUmemoryPool pool_ = nullptr;
+  std::uint64_t device_total_ = 0;
+  bool retained_ = false;
+};
+
+}  // namespace poolshim

@@ -1,0 +1,75 @@
+// Rare events (warnings, out-of-memory reports) travel from hooks to the background thread
+// through this bounded queue, so that no hook does I/O. Not a hot path: a plain mutex is fine.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace poolshim {
+
+/// What the pool saw when an allocation failed for good (DESIGN §5, `oom` record).
+struct OomReport {
+  std::uint64_t t_ns = 0;  // monotonic
+  int device = -1;
+  std::uint64_t request = 0;
+  std::uintptr_t stream = 0;
+  bool async = false;
+  bool retried = false;          // a trim-and-retry was tried
+  bool device_info_valid = false;
+  std::uint64_t device_free = 0;
+  std::uint64_t device_total = 0;
+  std::uint64_t reserved = 0;    // pool figures at the failure
+  std::uint64_t used = 0;
+  std::uint64_t live_bytes = 0;  // requested bytes in live pooled allocations
+  std::uint64_t live_count = 0;
+  int error = 0;                 // the code the application got back
+};
+
+struct Event {
+  enum class Kind { warning, oom } kind = Kind::warning;
+  std::string text;  // warning
+  OomReport oom;
+  std::uint64_t ticket = 0;
+};
+
+class EventQueue {
+ public:
+  static constexpr std::size_t kCapacity = 1024;
+
+  /// Queues a warning; returns its ticket (0 when the queue was full and it was dropped).
+  std::uint64_t push_warning(std::string text);
+  std::uint64_t push_oom(const OomReport& report);
+  /// Blocks up to `timeout` until the record with `ticket` has been written (used after an
+  /// OOM, so the report survives an abort() that often follows it). False on timeout.
+  bool wait_written(std::uint64_t ticket, std::chrono::milliseconds timeout);
+
+  /// Consumer side: moves queued events into `out`.
+  void drain(std::vector<Event>& out);
+  /// Consumer side: every event up to `ticket` is written.
+  void mark_written(std::uint64_t ticket);
+  /// Consumer side: waits until an event arrives, a stop is requested or `timeout` passes.
+  /// Returns true when a stop has been requested.
+  bool wait_for_work(std::chrono::milliseconds timeout);
+  /// Asks the consumer to finish (it drains what is queued first).
+  void request_stop();
+  std::uint64_t dropped() const;
+
+ private:
+  std::uint64_t push(Event e);
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_;
+  std::condition_variable written_;
+  std::deque<Event> queue_;
+  std::uint64_t next_ticket_ = 1;
+  std::uint64_t written_ticket_ = 0;
+  std::uint64_t dropped_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace poolshim

@@ -1,0 +1,58 @@
+// The log records of DESIGN §5 (schema version kSchemaVersion, documented in README.md).
+// Built as strings by the background thread; each is one JSON object on one line.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config.h"
+#include "events.h"
+#include "router.h"
+
+namespace poolshim {
+
+constexpr int kSchemaVersion = 1;
+
+/// The library's version ("0.1.0").
+const char* poolshim_version_string();
+
+struct ProcessInfo {
+  int pid = 0;
+  std::string host;
+  std::string rank;  // from RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID; "0" if none
+  std::vector<std::string> command_line;
+  std::uint64_t start_unix_s = 0;   // wall clock at library load
+  std::uint64_t start_mono_ns = 0;  // monotonic clock at library load: "t" counts from here
+  std::string log_path;             // after expansion
+};
+
+/// Seconds since `info.start_mono_ns`.
+double seconds_since_start(const ProcessInfo& info, std::uint64_t mono_ns);
+
+std::string start_record(double t, const ProcessInfo& info, const Config& config,
+                         const std::vector<DeviceDescription>& devices);
+std::string sample_record(double t, int pid, const DeviceSnapshot& snap);
+std::string warning_record(double t, int pid, std::string_view text);
+std::string oom_record(double t, int pid, const OomReport& report);
+
+struct ExitSummary {
+  std::vector<DeviceSnapshot> devices;
+  std::vector<LiveAllocation> live;  // the leaks: pooled allocations still live at exit
+  std::uint64_t now_ns = 0;          // coarse monotonic, to age the leaks
+  std::uint64_t events_dropped = 0;
+  std::vector<std::string> notes;
+};
+std::string exit_record(double t, int pid, const ExitSummary& summary);
+
+/// The fragmentation figures of DESIGN §5 (0 when the denominator is 0).
+double pool_slack(const PoolUsage& u);
+double rounding_waste(const PoolUsage& u, std::uint64_t requested);
+
+/// "exhausted" or "fragmentation" (memory held or free but not usable for the request).
+const char* oom_verdict(const OomReport& r);
+/// One line: what to change.
+std::string oom_hint(const OomReport& r);
+
+}  // namespace poolshim

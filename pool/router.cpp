@@ -1,0 +1,421 @@
+#include "router.h"
+
+#include <algorithm>
+
+#include "clock.h"
+
+namespace poolshim {
+
+namespace {
+
+// Makes `ctx` current for the scope when it is not already (push/pop keeps the caller's).
+class ScopedContext {
+ public:
+  ScopedContext(const DriverApi& driver, CUcontext ctx) : driver_(driver) {
+    CUcontext current = nullptr;
+    if (driver_.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == ctx) return;
+    pushed_ = driver_.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
+  }
+  ~ScopedContext() {
+    if (pushed_) {
+      CUcontext popped = nullptr;
+      driver_.cuCtxPopCurrent_v2(&popped);
+    }
+  }
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+
+ private:
+  const DriverApi& driver_;
+  bool pushed_ = false;
+};
+
+// The legacy and per-thread default streams belong to whatever context is current.
+bool is_default_stream(CUstream s) {
+  return s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+
+std::uint64_t unused_of(const PoolUsage& u) {
+  return u.valid && u.reserved > u.used ? u.reserved - u.used : 0;
+}
+
+}  // namespace
+
+Router::Router(const DriverApi& driver, const Config& config, EventQueue& events)
+    : driver_(driver), config_(config), events_(events) {
+  settings_.reuse_follow_event_deps = config.reuse_follow_event_deps;
+  settings_.reuse_opportunistic = config.reuse_opportunistic;
+  settings_.reuse_internal_deps = config.reuse_internal_deps;
+}
+
+Router::~Router() = default;
+
+void Router::warn_once(std::atomic<bool>& flag, std::string text) {
+  if (!flag.exchange(true, std::memory_order_relaxed)) events_.push_warning(std::move(text));
+}
+
+DevicePool* Router::existing_pool(int device) const {
+  return valid_device(device) ? pools_[device].load(std::memory_order_acquire) : nullptr;
+}
+
+DevicePool* Router::pool_for(int device) {
+  if (!valid_device(device)) {
+    warn_once(warned_bad_device_, "device ordinal " + std::to_string(device) +
+                                      " is beyond what poolshim tracks (" +
+                                      std::to_string(kMaxDevices) + "); its calls pass through");
+    return nullptr;
+  }
+  DevicePool* pool = pools_[device].load(std::memory_order_acquire);
+  if (pool != nullptr) return pool;
+  if (pool_state_[device].load(std::memory_order_relaxed) == PoolState::failed) return nullptr;
+
+  std::lock_guard<std::mutex> lock(create_mutex_);
+  pool = pools_[device].load(std::memory_order_relaxed);
+  if (pool != nullptr) return pool;
+  if (pool_state_[device].load(std::memory_order_relaxed) == PoolState::failed) return nullptr;
+  std::string error;
+  auto created = DevicePool::create(driver_, device, settings_, &error);
+  if (!created) {
+    pool_state_[device].store(PoolState::failed, std::memory_order_relaxed);
+    warn_once(warned_pool_failure_, "cannot create the pool of device " + std::to_string(device) +
+                                        " (" + error + "); its allocations pass through");
+    return nullptr;
+  }
+  pool = created.get();
+  pools_owned_.push_back(std::move(created));
+  ever_used_[device].store(true, std::memory_order_relaxed);
+  pool_state_[device].store(PoolState::ready, std::memory_order_relaxed);
+  pools_[device].store(pool, std::memory_order_release);
+  return pool;
+}
+
+bool Router::adopt_context(const DevicePool& pool) {
+  CUcontext current = nullptr;
+  if (driver_.cuCtxGetCurrent(&current) != CUDA_SUCCESS) return false;
+  if (current == pool.context()) return true;
+  if (current != nullptr) {
+    // A context the application made itself (driver API), or a primary context that does
+    // not match the runtime's current device: the pool cannot promise the same semantics.
+    warn_once(warned_foreign_context_,
+              "an allocation was made while a context other than the device's primary context "
+              "was current; such allocations pass through unpooled");
+    return false;
+  }
+  // What the runtime itself does on a thread's first call: make the primary context current.
+  return driver_.cuCtxSetCurrent(pool.context()) == CUDA_SUCCESS;
+}
+
+CUresult Router::allocate_with_retry(DevicePool& pool, std::size_t bytes, CUstream stream,
+                                     CUdeviceptr* out) {
+  CUresult r = driver_.cuMemAllocFromPoolAsync(out, bytes, pool.handle(), stream);
+  if (r != CUDA_ERROR_OUT_OF_MEMORY || !config_.oom_retry) return r;
+
+  ScopedContext ctx(driver_, pool.context());
+  // A trim helps only if the device's free memory plus the pool's unused memory covers the
+  // request; a hopeless request (say 1 TiB) must not cost the pool its cache.
+  std::size_t free = 0;
+  std::size_t total = 0;
+  if (driver_.cuMemGetInfo_v2(&free, &total) == CUDA_SUCCESS &&
+      free + unused_of(pool.usage()) < bytes) {
+    return r;
+  }
+  DeviceStats& s = stats(pool.ordinal());
+  s.bump(s.oom_retries);
+  // Blocks freed in stream order are released only once their streams reach the free.
+  driver_.cuCtxSynchronize();
+  pool.trim_to(0);
+  r = driver_.cuMemAllocFromPoolAsync(out, bytes, pool.handle(), stream);
+  if (r == CUDA_SUCCESS) s.bump(s.oom_retry_successes);
+  return r;
+}
+
+OomReport Router::describe_oom(DevicePool& pool, std::size_t bytes, CUstream stream,
+                               bool async) const {
+  OomReport report;
+  report.t_ns = now_ns();
+  report.device = pool.ordinal();
+  report.request = bytes;
+  report.stream = reinterpret_cast<std::uintptr_t>(stream);
+  report.async = async;
+  report.retried = config_.oom_retry;
+  ScopedContext ctx(driver_, pool.context());
+  std::size_t free = 0;
+  std::size_t total = 0;
+  if (driver_.cuMemGetInfo_v2(&free, &total) == CUDA_SUCCESS) {
+    report.device_info_valid = true;
+    report.device_free = free;
+    report.device_total = total;
+  }
+  const PoolUsage u = pool.usage();
+  report.reserved = u.reserved;
+  report.used = u.used;
+  const DeviceStats& s = stats_[static_cast<std::size_t>(pool.ordinal())];
+  report.live_bytes = s.requested_bytes.current.load(std::memory_order_relaxed);
+  report.live_count = s.live_allocs.current.load(std::memory_order_relaxed);
+  return report;
+}
+
+void Router::decline_allocation(DevicePool& pool, std::size_t bytes, CUstream stream, bool async,
+                                CUresult pool_result, Fallback real) {
+  OomReport report;
+  const bool pool_oom = pool_result == CUDA_ERROR_OUT_OF_MEMORY;
+  if (pool_oom) report = describe_oom(pool, bytes, stream, async);  // the state at the failure
+  const RealResult result = real();
+  DeviceStats& s = stats(pool.ordinal());
+  if (result == RealResult::success) {
+    s.bump(s.fallback_allocs);
+    warn_once(warned_fallback_, std::string("the pool could not serve an allocation (") +
+                                    driver_.error_name(pool_result) +
+                                    ") that the real function then served; such allocations "
+                                    "are counted as fallback_allocs and not pooled");
+    return;
+  }
+  s.bump(s.failed_allocs);
+  if (result != RealResult::out_of_memory) return;
+  s.bump(s.ooms);
+  if (!pool_oom) report = describe_oom(pool, bytes, stream, async);
+  if (unused_of(PoolUsage{report.reserved, 0, report.used, 0, true}) >= bytes) {
+    s.bump(s.oom_with_slack);
+  }
+  const std::uint64_t ticket = events_.push_oom(report);
+  // The application often aborts right after an OOM: give the record a moment to be written.
+  const long long wait_ms = oom_record_wait_ms_.load(std::memory_order_relaxed);
+  if (wait_ms > 0) events_.wait_written(ticket, std::chrono::milliseconds(wait_ms));
+}
+
+void Router::allocate_sync(int device, std::size_t bytes, void** out, Fallback real) {
+  DevicePool* pool = pool_for(device);
+  if (pool == nullptr || !adopt_context(*pool)) {
+    note_passthrough_alloc(device);
+    real();
+    return;
+  }
+  CUdeviceptr ptr = 0;
+  CUresult r = allocate_with_retry(*pool, bytes, pool->stream(), &ptr);
+  if (r == CUDA_SUCCESS) {
+    // cudaMalloc's memory is usable from every stream once it returns: wait until the
+    // allocation is done in our stream's order (it may wait on a reused block's free).
+    r = driver_.cuStreamSynchronize(pool->stream());
+    if (r != CUDA_SUCCESS) driver_.cuMemFreeAsync(ptr, pool->stream());
+  }
+  if (r != CUDA_SUCCESS) {
+    decline_allocation(*pool, bytes, nullptr, false, r, real);
+    return;
+  }
+  table_.insert(ptr, Allocation{bytes, coarse_now_ns(), 0, device, 0});
+  stats(device).on_alloc(bytes);
+  *out = reinterpret_cast<void*>(ptr);
+}
+
+void Router::allocate_async(int device, std::size_t bytes, CUstream stream, void** out,
+                            Fallback real) {
+  DevicePool* pool = app_pool(device) ? nullptr : pool_for(device);
+  // A named stream carries its own context; the default streams need the right one current.
+  if (pool == nullptr || (is_default_stream(stream) && !adopt_context(*pool))) {
+    note_passthrough_alloc(device);
+    real();
+    return;
+  }
+  CUdeviceptr ptr = 0;
+  const CUresult r = allocate_with_retry(*pool, bytes, stream, &ptr);
+  if (r != CUDA_SUCCESS) {
+    decline_allocation(*pool, bytes, stream, true, r, real);
+    return;
+  }
+  table_.insert(ptr, Allocation{bytes, coarse_now_ns(), reinterpret_cast<std::uintptr_t>(stream),
+                                device, Allocation::kAsync});
+  DeviceStats& s = stats(device);
+  s.on_alloc(bytes);
+  s.bump(s.async_allocs);
+  *out = reinterpret_cast<void*>(ptr);
+}
+
+CUresult Router::synchronize_for_free(const DevicePool& pool) const {
+  CUcontext current = nullptr;
+  driver_.cuCtxGetCurrent(&current);
+  if (current == pool.context()) return driver_.cuCtxSynchronize();
+  if (current != nullptr) {
+    // Work of the caller's device may reach the block through peer access: wait for it too.
+    const CUresult r = driver_.cuCtxSynchronize();
+    if (r != CUDA_SUCCESS) return r;
+  }
+  ScopedContext ctx(driver_, pool.context());
+  return driver_.cuCtxSynchronize();
+}
+
+void Router::finish_failed_free(std::uintptr_t ptr, const Allocation& a, Fallback real) {
+  if (real() == RealResult::success) {
+    stats(a.device).on_free(a.requested);
+  } else {
+    table_.insert(ptr, a);  // still live: a later free must find it
+  }
+}
+
+void Router::free_sync(void* ptr, int caller_device, Fallback real) {
+  const auto key = reinterpret_cast<std::uintptr_t>(ptr);
+  const std::optional<Allocation> a = table_.take(key);
+  if (!a) {
+    if (valid_device(caller_device)) stats(caller_device).bump(stats(caller_device).passthrough_frees);
+    real();
+    return;
+  }
+  DevicePool* pool = existing_pool(a->device);
+  // Native cudaFree waits for the device: no work enqueued before it may still touch the block.
+  CUresult r = pool != nullptr ? synchronize_for_free(*pool) : CUDA_ERROR_INVALID_CONTEXT;
+  if (r == CUDA_SUCCESS) r = driver_.cuMemFreeAsync(key, pool->stream());
+  if (r != CUDA_SUCCESS) {
+    // E.g. a sticky error from an earlier kernel: the real cudaFree reports it natively.
+    finish_failed_free(key, *a, real);
+    return;
+  }
+  stats(a->device).on_free(a->requested);
+}
+
+void Router::free_async(void* ptr, CUstream stream, Fallback real) {
+  const auto key = reinterpret_cast<std::uintptr_t>(ptr);
+  const std::optional<Allocation> a = table_.take(key);
+  if (!a) {
+    const int device = current_device();
+    if (valid_device(device)) stats(device).bump(stats(device).passthrough_frees);
+    real();
+    return;
+  }
+  if (is_default_stream(stream)) {
+    // The default streams are the current context's; a thread with none gets the block's
+    // device's primary context, as the runtime would give it its current device's.
+    CUcontext current = nullptr;
+    driver_.cuCtxGetCurrent(&current);
+    const DevicePool* own = existing_pool(a->device);
+    if (current == nullptr && own != nullptr) driver_.cuCtxSetCurrent(own->context());
+  }
+  if (driver_.cuMemFreeAsync(key, stream) != CUDA_SUCCESS) {
+    finish_failed_free(key, *a, real);
+    return;
+  }
+  DeviceStats& s = stats(a->device);
+  s.on_free(a->requested);
+  s.bump(s.async_frees);
+}
+
+int Router::current_device() const {
+  CUdevice device = -1;
+  return driver_.cuCtxGetDevice(&device) == CUDA_SUCCESS ? static_cast<int>(device) : -1;
+}
+
+int Router::stream_device(CUstream stream) const {
+  CUdevice device = -1;
+  return driver_.cuStreamGetDevice(stream, &device) == CUDA_SUCCESS ? static_cast<int>(device) : -1;
+}
+
+void Router::free_unrouted(void* ptr, int caller_device, Fallback real) {
+  const auto key = reinterpret_cast<std::uintptr_t>(ptr);
+  const std::optional<Allocation> a = table_.find(key);
+  const int device = a ? a->device : caller_device;
+  if (valid_device(device)) stats(device).bump(stats(device).passthrough_frees);
+  if (real() == RealResult::success && a && table_.take(key)) stats(a->device).on_free(a->requested);
+}
+
+void Router::note_passthrough_alloc(int device) {
+  if (valid_device(device)) stats(device).bump(stats(device).passthrough_allocs);
+}
+
+std::uint64_t Router::unused_bytes(int device) const {
+  const DevicePool* pool = existing_pool(device);
+  return pool != nullptr ? unused_of(pool->usage()) : 0;
+}
+
+void Router::set_app_pool(int device, bool app_owned) {
+  if (valid_device(device)) app_pool_[device].store(app_owned, std::memory_order_relaxed);
+}
+
+bool Router::app_pool(int device) const {
+  return valid_device(device) && app_pool_[device].load(std::memory_order_relaxed);
+}
+
+void Router::before_device_reset(int device) {
+  if (!valid_device(device)) return;
+  std::lock_guard<std::mutex> lock(create_mutex_);
+  DevicePool* pool = pools_[device].exchange(nullptr, std::memory_order_acq_rel);
+  pool_state_[device].store(PoolState::none, std::memory_order_relaxed);
+  app_pool_[device].store(false, std::memory_order_relaxed);  // the reset restores the default
+  // The object stays owned (a racing thread may still hold it); its driver objects go now.
+  if (pool != nullptr) pool->release();
+  DeviceStats& s = stats(device);
+  table_.drop_device(device, [&s](std::uintptr_t, const Allocation& a) {
+    s.requested_bytes.sub(a.requested);
+    s.live_allocs.sub(1);
+    s.histogram[histogram_bucket(a.requested)].fetch_sub(1, std::memory_order_relaxed);
+    s.bump(s.reset_dropped);
+  });
+}
+
+std::vector<int> Router::active_devices() const {
+  std::vector<int> out;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (ever_used_[d].load(std::memory_order_relaxed)) out.push_back(d);
+  }
+  return out;
+}
+
+DeviceSnapshot Router::snapshot(int device) const {
+  DeviceSnapshot snap;
+  snap.device = device;
+  if (!valid_device(device)) return snap;
+  snap.stats = take_snapshot(stats_[static_cast<std::size_t>(device)]);
+  const DevicePool* pool = existing_pool(device);
+  if (pool == nullptr) return snap;
+  snap.pool = pool->usage();
+  ScopedContext ctx(driver_, pool->context());
+  std::size_t free = 0;
+  std::size_t total = 0;
+  if (driver_.cuMemGetInfo_v2(&free, &total) == CUDA_SUCCESS) {
+    snap.device_info_valid = true;
+    snap.device_free = free;
+    snap.device_total = total;
+  }
+  return snap;
+}
+
+std::uint64_t Router::trim_idle(int device, std::uint64_t keep_reserved) {
+  const DevicePool* pool = existing_pool(device);
+  if (pool == nullptr) return 0;
+  const std::uint64_t released = pool->trim_to(keep_reserved);
+  if (released > 0) {
+    DeviceStats& s = stats(device);
+    s.bump(s.idle_trims);
+    s.bump(s.idle_trimmed_bytes, released);
+  }
+  return released;
+}
+
+std::vector<LiveAllocation> Router::live_allocations() const {
+  std::vector<LiveAllocation> out;
+  table_.for_each([&out](std::uintptr_t ptr, const Allocation& a) { out.push_back({ptr, a}); });
+  return out;
+}
+
+std::vector<DeviceDescription> Router::describe_devices() const {
+  std::vector<DeviceDescription> out;
+  int count = 0;
+  if (driver_.cuDeviceGetCount(&count) != CUDA_SUCCESS) return out;
+  for (int i = 0; i < count; ++i) {
+    CUdevice dev = 0;
+    if (driver_.cuDeviceGet(&dev, i) != CUDA_SUCCESS) continue;
+    DeviceDescription d;
+    d.ordinal = i;
+    char name[256] = {};
+    if (driver_.cuDeviceGetName(name, sizeof name - 1, dev) == CUDA_SUCCESS) d.name = name;
+    std::size_t total = 0;
+    if (driver_.cuDeviceTotalMem_v2(&total, dev) == CUDA_SUCCESS) d.total = total;
+    out.push_back(d);
+  }
+  return out;
+}
+
+std::uint64_t Router::pooled_allocations() const {
+  std::uint64_t n = 0;
+  for (const auto& s : stats_) n += s.allocs.load(std::memory_order_relaxed);
+  return n;
+}
+
+}  // namespace poolshim

@@ -1,0 +1,155 @@
+// Router: the allocator core's entry points (DESIGN §3). A hook calls one of these with the
+// real function as a fallback; the Router serves the call from the device's pool or declines
+// it by calling the fallback, and keeps the allocation table and the counters right either
+// way. Errors the application sees always come from the real function, so they are native
+// (codes, sticky "last error"), and an internal failure the pool recovered from leaves none.
+#pragma once
+
+#include <cuda.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "allocation_table.h"
+#include "config.h"
+#include "cuda_api.h"
+#include "device_pool.h"
+#include "events.h"
+#include "function_ref.h"
+#include "stats.h"
+
+namespace poolshim {
+
+constexpr int kMaxDevices = 64;
+
+/// How the real function fared, as far as the counters care.
+enum class RealResult { success, out_of_memory, error };
+using Fallback = FunctionRef<RealResult()>;
+
+/// One device's figures at a moment: the sample record.
+struct DeviceSnapshot {
+  int device = -1;
+  StatsSnapshot stats;
+  PoolUsage pool;
+  bool device_info_valid = false;
+  std::uint64_t device_free = 0;
+  std::uint64_t device_total = 0;
+};
+
+struct DeviceDescription {
+  int ordinal = -1;
+  std::string name;
+  std::uint64_t total = 0;
+};
+
+struct LiveAllocation {
+  std::uintptr_t ptr = 0;
+  Allocation info;
+};
+
+class Router {
+ public:
+  Router(const DriverApi& driver, const Config& config, EventQueue& events);
+  ~Router();
+  Router(const Router&) = delete;
+  Router& operator=(const Router&) = delete;
+
+  // ---- called by hooks ----------------------------------------------------------------
+  /// cudaMalloc: `bytes` (> 0) on `device`, usable from any stream once this returns.
+  void allocate_sync(int device, std::size_t bytes, void** out, Fallback real);
+  /// cudaMallocAsync: `bytes` (> 0) from `device`'s pool in `stream`'s order.
+  void allocate_async(int device, std::size_t bytes, CUstream stream, void** out, Fallback real);
+  /// cudaFree of a non-null pointer: synchronize, then return the block to its pool.
+  /// `caller_device` (the runtime's current device) is where a foreign pointer is counted.
+  void free_sync(void* ptr, int caller_device, Fallback real);
+  /// cudaFreeAsync: return the block in `stream`'s order.
+  void free_async(void* ptr, CUstream stream, Fallback real);
+  /// The device of the thread's current context, -1 when none is current (driver calls only:
+  /// unlike cudaGetDevice it cannot touch the runtime's error state).
+  int current_device() const;
+  /// The device a named stream belongs to; -1 when the stream is not valid.
+  int stream_device(CUstream stream) const;
+  /// A free that must not be routed now (a stream capture is in progress): calls `real` and,
+  /// when it freed a pooled pointer, forgets it.
+  void free_unrouted(void* ptr, int caller_device, Fallback real);
+  /// An allocation call passed straight to the real function.
+  void note_passthrough_alloc(int device);
+  /// Memory the device's pool holds but has not handed out (counted as free by cudaMemGetInfo).
+  std::uint64_t unused_bytes(int device) const;
+  /// Before cudaDeviceReset(device): the pool and every table entry of the device go away.
+  void before_device_reset(int device);
+  /// The application made its own pool current on `device` (cudaDeviceSetMemPool): its
+  /// cudaMallocAsync calls then go to that pool untouched.
+  void set_app_pool(int device, bool app_owned);
+  bool app_pool(int device) const;
+  /// Hooks wait this long for an OOM record to reach the log (0 when no log is written).
+  void set_oom_record_wait(std::chrono::milliseconds wait) {
+    oom_record_wait_ms_.store(wait.count(), std::memory_order_relaxed);
+  }
+
+  // ---- called by the background thread -------------------------------------------------
+  /// Devices whose pool exists.
+  std::vector<int> active_devices() const;
+  DeviceSnapshot snapshot(int device) const;
+  /// Releases unused memory of `device`'s pool until it holds fewer than `keep_reserved`
+  /// bytes; counts it as an idle trim. Returns the bytes given back.
+  std::uint64_t trim_idle(int device, std::uint64_t keep_reserved);
+  std::vector<LiveAllocation> live_allocations() const;
+  std::vector<DeviceDescription> describe_devices() const;
+  const DriverApi& driver() const { return driver_; }
+  const Config& config() const { return config_; }
+  /// Totals over devices of a counter, e.g. total(&StatsSnapshot::allocs).
+  std::uint64_t pooled_allocations() const;
+
+ private:
+  enum class PoolState : std::uint8_t { none, ready, failed };
+
+  /// The pool of `device`, created on first use; nullptr when it cannot exist (one warning).
+  DevicePool* pool_for(int device);
+  DevicePool* existing_pool(int device) const;
+  /// Makes `pool`'s primary context current when the thread has no context. False when
+  /// another context is current: the call is then passed through.
+  bool adopt_context(const DevicePool& pool);
+  /// Synchronizes `pool`'s context and the caller's current context (cudaFree semantics).
+  CUresult synchronize_for_free(const DevicePool& pool) const;
+  /// One allocation attempt, with the trim-and-retry of DESIGN §3 on out-of-memory.
+  CUresult allocate_with_retry(DevicePool& pool, std::size_t bytes, CUstream stream,
+                               CUdeviceptr* out);
+  void decline_allocation(DevicePool& pool, std::size_t bytes, CUstream stream, bool async,
+                          CUresult pool_result, Fallback real);
+  /// The real free of a pooled pointer after the pool path failed: forget the pointer if the
+  /// real function freed it, keep it otherwise.
+  void finish_failed_free(std::uintptr_t ptr, const Allocation& a, Fallback real);
+  OomReport describe_oom(DevicePool& pool, std::size_t bytes, CUstream stream, bool async) const;
+  void warn_once(std::atomic<bool>& flag, std::string text);
+  DeviceStats& stats(int device) { return stats_[static_cast<std::size_t>(device)]; }
+  static bool valid_device(int device) { return device >= 0 && device < kMaxDevices; }
+
+  const DriverApi& driver_;
+  const Config& config_;
+  EventQueue& events_;
+  PoolSettings settings_;
+  std::atomic<long long> oom_record_wait_ms_{0};
+
+  std::array<std::atomic<DevicePool*>, kMaxDevices> pools_{};
+  std::array<std::atomic<PoolState>, kMaxDevices> pool_state_{};
+  std::array<std::atomic<bool>, kMaxDevices> app_pool_{};
+  std::array<std::atomic<bool>, kMaxDevices> ever_used_{};
+  std::array<DeviceStats, kMaxDevices> stats_{};
+  AllocationTable table_;
+
+  mutable std::mutex create_mutex_;  // pool creation and reset only: never on the hot path
+  std::vector<std::unique_ptr<DevicePool>> pools_owned_;  // includes retired ones (see reset)
+
+  std::atomic<bool> warned_foreign_context_{false};
+  std::atomic<bool> warned_pool_failure_{false};
+  std::atomic<bool> warned_bad_device_{false};
+  std::atomic<bool> warned_fallback_{false};
+};
+
+}  // namespace poolshim

@@ -1,0 +1,210 @@
+// Runtime-API hooks (DESIGN §2): the exported cuda* names that programs linking libcudart.so
+// dynamically reach. Each is a few lines: guard, ask for the core, hand it the call with the
+// real function as the fallback, return what the application must see.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include "real_runtime.h"
+#include "router.h"
+#include "shim.h"
+
+using poolshim::RealResult;
+using poolshim::Router;
+using poolshim::shim::captures_active;
+using poolshim::shim::classify;
+using poolshim::shim::HookScope;
+using poolshim::shim::router_for_call;
+namespace real = poolshim::real;
+
+namespace {
+
+// The core when this call may be routed: outermost hook, core running, no capture anywhere.
+Router* routable(const HookScope& scope) {
+  if (!scope.outermost()) return nullptr;
+  Router* router = router_for_call();
+  return router != nullptr && !captures_active() ? router : nullptr;
+}
+
+// Counts an allocation call the core did not route although it was running.
+void count_unrouted_alloc(const HookScope& scope) {
+  if (!scope.outermost()) return;
+  if (Router* router = router_for_call()) router->note_passthrough_alloc(router->current_device());
+}
+
+// In a per-thread-default-stream build, stream 0 is the calling thread's default stream.
+CUstream driver_stream(cudaStream_t s, bool per_thread) {
+  return (per_thread && s == nullptr) ? CU_STREAM_PER_THREAD : reinterpret_cast<CUstream>(s);
+}
+
+bool is_default_stream(CUstream s) {
+  return s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+
+cudaError_t malloc_async(void** ptr, size_t size, cudaStream_t stream, bool per_thread) {
+  HookScope scope;
+  const auto real_fn = per_thread ? real::cudaMallocAsync_ptsz() : real::cudaMallocAsync();
+  Router* router = routable(scope);
+  if (router == nullptr || ptr == nullptr || size == 0) {
+    count_unrouted_alloc(scope);
+    return real_fn(ptr, size, stream);
+  }
+  const CUstream s = driver_stream(stream, per_thread);
+  int device = -1;
+  // cudaMallocAsync allocates on the stream's device; a default stream is the current one's.
+  if (is_default_stream(s)) {
+    if (real::cudaGetDevice()(&device) != cudaSuccess) return real_fn(ptr, size, stream);
+  } else if ((device = router->stream_device(s)) < 0) {
+    return real_fn(ptr, size, stream);  // not a valid stream: the real call reports it
+  }
+  cudaError_t result = cudaSuccess;
+  router->allocate_async(device, size, s, ptr,
+                         [&] { return classify(result = real_fn(ptr, size, stream)); });
+  return result;
+}
+
+cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
+  HookScope scope;
+  const auto real_fn = per_thread ? real::cudaFreeAsync_ptsz() : real::cudaFreeAsync();
+  Router* router = scope.outermost() ? router_for_call() : nullptr;
+  if (router == nullptr || ptr == nullptr) return real_fn(ptr, stream);
+  cudaError_t result = cudaSuccess;
+  auto call_real = [&] { return classify(result = real_fn(ptr, stream)); };
+  if (captures_active()) {
+    router->free_unrouted(ptr, router->current_device(), call_real);
+  } else {
+    router->free_async(ptr, driver_stream(stream, per_thread), call_real);
+  }
+  return result;
+}
+
+cudaStream_t capture_key(cudaStream_t stream, bool per_thread) {
+  return (per_thread && stream == nullptr) ? cudaStreamPerThread : stream;
+}
+
+}  // namespace
+
+POOLSHIM_EXPORT cudaError_t cudaMalloc(void** devPtr, size_t size) {
+  HookScope scope;
+  Router* router = routable(scope);
+  if (router == nullptr || devPtr == nullptr || size == 0) {
+    count_unrouted_alloc(scope);
+    return real::cudaMalloc()(devPtr, size);
+  }
+  int device = 0;
+  if (real::cudaGetDevice()(&device) != cudaSuccess) return real::cudaMalloc()(devPtr, size);
+  cudaError_t result = cudaSuccess;
+  router->allocate_sync(device, size, devPtr,
+                        [&] { return classify(result = real::cudaMalloc()(devPtr, size)); });
+  return result;
+}
+
+POOLSHIM_EXPORT cudaError_t cudaFree(void* devPtr) {
+  HookScope scope;
+  Router* router = scope.outermost() ? router_for_call() : nullptr;
+  // cudaFree(nullptr) keeps its native meaning: initialise the context, free nothing.
+  if (router == nullptr || devPtr == nullptr) return real::cudaFree()(devPtr);
+  cudaError_t result = cudaSuccess;
+  auto call_real = [&] { return classify(result = real::cudaFree()(devPtr)); };
+  if (captures_active()) {
+    router->free_unrouted(devPtr, router->current_device(), call_real);
+  } else {
+    router->free_sync(devPtr, router->current_device(), call_real);
+  }
+  return result;
+}
+
+POOLSHIM_EXPORT cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t hStream) {
+  return malloc_async(devPtr, size, hStream, false);
+}
+
+POOLSHIM_EXPORT cudaError_t cudaMallocAsync_ptsz(void** devPtr, size_t size, cudaStream_t hStream) {
+  return malloc_async(devPtr, size, hStream, true);
+}
+
+POOLSHIM_EXPORT cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t hStream) {
+  return free_async(devPtr, hStream, false);
+}
+
+POOLSHIM_EXPORT cudaError_t cudaFreeAsync_ptsz(void* devPtr, cudaStream_t hStream) {
+  return free_async(devPtr, hStream, true);
+}
+
+// Memory the pool holds but has not handed out is free for the application's purposes: the
+// next allocation can use it.
+POOLSHIM_EXPORT cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  HookScope scope;
+  const cudaError_t result = real::cudaMemGetInfo()(free, total);
+  Router* router = scope.outermost() ? router_for_call() : nullptr;
+  if (result != cudaSuccess || router == nullptr || free == nullptr || total == nullptr) return result;
+  const std::uint64_t unused = router->unused_bytes(router->current_device());
+  *free = static_cast<size_t>(std::min<std::uint64_t>(*free + unused, *total));
+  return result;
+}
+
+POOLSHIM_EXPORT cudaError_t cudaDeviceReset() {
+  HookScope scope;
+  Router* router = scope.outermost() ? router_for_call() : nullptr;
+  int device = -1;
+  if (router != nullptr && real::cudaGetDevice()(&device) == cudaSuccess) {
+    router->before_device_reset(device);
+  }
+  return real::cudaDeviceReset()();
+}
+
+POOLSHIM_EXPORT cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t memPool) {
+  HookScope scope;
+  const cudaError_t result = real::cudaDeviceSetMemPool()(device, memPool);
+  Router* router = scope.outermost() ? router_for_call() : nullptr;
+  if (result == cudaSuccess && router != nullptr) {
+    cudaMemPool_t default_pool = nullptr;
+    const bool known = real::cudaDeviceGetDefaultMemPool()(&default_pool, device) == cudaSuccess;
+    router->set_app_pool(device, !known || memPool != default_pool);
+  }
+  return result;
+}
+
+// Stream capture (DESIGN §3): while one is in progress, allocation calls pass through, so the
+// capture sees exactly what it would see without the shim.
+POOLSHIM_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+  const cudaError_t result = real::cudaStreamBeginCapture()(stream, mode);
+  if (result == cudaSuccess) poolshim::shim::capture_began(capture_key(stream, false));
+  return result;
+}
+
+POOLSHIM_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream,
+                                                        enum cudaStreamCaptureMode mode) {
+  const cudaError_t result = real::cudaStreamBeginCapture_ptsz()(stream, mode);
+  if (result == cudaSuccess) poolshim::shim::capture_began(capture_key(stream, true));
+  return result;
+}
+
+POOLSHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(
+    cudaStream_t stream, cudaGraph_t graph, const cudaGraphNode_t* dependencies,
+    const cudaGraphEdgeData* dependencyData, size_t numDependencies, enum cudaStreamCaptureMode mode) {
+  const cudaError_t result = real::cudaStreamBeginCaptureToGraph()(
+      stream, graph, dependencies, dependencyData, numDependencies, mode);
+  if (result == cudaSuccess) poolshim::shim::capture_began(capture_key(stream, false));
+  return result;
+}
+
+POOLSHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(
+    cudaStream_t stream, cudaGraph_t graph, const cudaGraphNode_t* dependencies,
+    const cudaGraphEdgeData* dependencyData, size_t numDependencies, enum cudaStreamCaptureMode mode) {
+  const cudaError_t result = real::cudaStreamBeginCaptureToGraph_ptsz()(
+      stream, graph, dependencies, dependencyData, numDependencies, mode);
+  if (result == cudaSuccess) poolshim::shim::capture_began(capture_key(stream, true));
+  return result;
+}
+
+// A capture ends with EndCapture whatever it returns (an invalidated capture ends too).
+POOLSHIM_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
+  const cudaError_t result = real::cudaStreamEndCapture()(stream, pGraph);
+  poolshim::shim::capture_ended(capture_key(stream, false));
+  return result;
+}
+
+POOLSHIM_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* pGraph) {
+  const cudaError_t result = real::cudaStreamEndCapture_ptsz()(stream, pGraph);
+  poolshim::shim::capture_ended(capture_key(stream, true));
+  return result;
+}

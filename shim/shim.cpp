@@ -1,0 +1,273 @@
+#include "shim.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "background.h"
+#include "clock.h"
+#include "config.h"
+#include "cuda_api.h"
+#include "events.h"
+#include "log_file.h"
+#include "records.h"
+#include "spin_lock.h"
+
+extern char** environ;
+
+namespace poolshim::shim {
+
+namespace {
+
+// Initial-exec TLS: no __tls_get_addr call and no allocation on a thread's first hook.
+__thread int t_hook_depth __attribute__((tls_model("initial-exec"))) = 0;
+
+enum Phase : int { kIdle, kStarting, kRunning, kFailed };
+
+// Never destroyed: hooks can run during static destruction and after our atexit handler.
+struct State {
+  ParsedConfig parsed;
+  std::uint64_t load_mono_ns = 0;
+  std::uint64_t load_unix_s = 0;
+  std::atomic<int> phase{kIdle};
+  std::atomic<bool> exiting{false};
+  std::atomic<bool> forked_child_passthrough{false};
+  DriverApi driver;
+  EventQueue events;
+  Router* router = nullptr;
+  BackgroundWorker* worker = nullptr;
+
+  std::atomic<int> active_captures{0};
+  SpinLock capture_lock;
+  static constexpr int kMaxCaptures = 256;
+  cudaStream_t capturing[kMaxCaptures] = {};
+};
+
+alignas(State) unsigned char g_state_storage[sizeof(State)];
+std::atomic<State*> g_state{nullptr};
+pthread_once_t g_state_once = PTHREAD_ONCE_INIT;
+
+void init_state();
+
+// Another library's static constructor may call a hook before our own constructor has run.
+State& state() {
+  State* s = g_state.load(std::memory_order_acquire);
+  if (s == nullptr) {
+    pthread_once(&g_state_once, init_state);
+    s = g_state.load(std::memory_order_acquire);
+  }
+  return *s;
+}
+
+void print_stderr(const std::string& line) {
+  const std::string text = "poolshim: " + line + "\n";
+  const ssize_t ignored = write(STDERR_FILENO, text.data(), text.size());
+  (void)ignored;
+}
+
+std::vector<std::string> environment_strings() {
+  std::vector<std::string> out;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) out.emplace_back(*e);
+  return out;
+}
+
+std::vector<std::string> command_line() {
+  std::vector<std::string> args;
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string arg;
+  while (std::getline(in, arg, '\0')) args.push_back(arg);
+  return args;
+}
+
+ProcessInfo make_process_info(const Config& config) {
+  ProcessInfo info;
+  info.pid = static_cast<int>(getpid());
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0) info.host = host;
+  info.rank = rank_from_environment();
+  info.command_line = command_line();
+  info.start_mono_ns = state().load_mono_ns;
+  info.start_unix_s = state().load_unix_s;
+  info.log_path = expand_log_path(config.log, info.pid, info.host, info.rank, info.start_unix_s);
+  return info;
+}
+
+void* dlsym_lookup(void* handle, const char* name) { return dlsym(handle, name); }
+
+// Runs once, on the thread of the first call that reaches the core.
+void start() {
+  State& s = state();
+  const Config& config = s.parsed.config;
+  const std::string error = s.driver.load("libcuda.so.1", &dlsym_lookup);
+  if (!error.empty()) {
+    print_stderr("warning: " + error + "; every call passes through to CUDA unchanged");
+    s.phase.store(kFailed, std::memory_order_release);
+    return;
+  }
+  for (const auto& w : s.parsed.warnings) print_stderr("warning: " + w);
+  ProcessInfo info = make_process_info(config);
+  if (config.verbose) {
+    print_stderr("version " + std::string(poolshim_version_string()) + ", log " +
+                 (info.log_path.empty() ? std::string("disabled") : info.log_path));
+    for (const auto& line : describe_config(config)) print_stderr("option " + line);
+  }
+  s.router = new Router(s.driver, config, s.events);
+  s.worker = new BackgroundWorker(*s.router, s.events, std::move(info), s.parsed.warnings);
+  s.worker->start();
+  s.phase.store(kRunning, std::memory_order_release);
+}
+
+bool library_loaded(const char* soname_prefix) {
+  struct Search {
+    const char* prefix;
+    bool found;
+  } search{soname_prefix, false};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) -> int {
+        auto* s = static_cast<Search*>(data);
+        const char* base = info->dlpi_name ? std::strrchr(info->dlpi_name, '/') : nullptr;
+        base = base ? base + 1 : info->dlpi_name;
+        if (base != nullptr && std::strncmp(base, s->prefix, std::strlen(s->prefix)) == 0) {
+          s->found = true;
+          return 1;
+        }
+        return 0;
+      },
+      &search);
+  return search.found;
+}
+
+// A process whose CUDA calls never reached a hook, though it loaded the driver without any
+// shared CUDA runtime: it links the runtime statically. Say so in a small log of its own.
+void report_unreached_process() {
+  State& s = state();
+  const Config& config = s.parsed.config;
+  if (!library_loaded("libcuda.so") || library_loaded("libcudart.so")) return;
+  const std::string why =
+      "this process loaded the CUDA driver but none of its calls reached poolshim, and no "
+      "shared CUDA runtime is loaded: it probably links the CUDA runtime statically (nvcc's "
+      "default; build with -cudart shared) or allocates through the driver API. Nothing was "
+      "pooled: driver-level interception is not in this version.";
+  print_stderr("warning: " + why);
+  ProcessInfo info = make_process_info(config);
+  if (info.log_path.empty()) return;
+  LogFile log;
+  if (!log.open(info.log_path).empty()) return;
+  const double t = seconds_since_start(info, now_ns());
+  log.write(start_record(t, info, config, {}));
+  for (const auto& w : s.parsed.warnings) log.write(warning_record(t, info.pid, w));
+  log.write(warning_record(t, info.pid, why));
+  ExitSummary summary;
+  summary.notes.push_back(why);
+  log.write(exit_record(t, info.pid, summary));
+}
+
+void on_exit() {
+  State& s = state();
+  if (s.forked_child_passthrough.load()) return;
+  // From here on every hook passes through: the runtime may tear down after this handler.
+  s.exiting.store(true);
+  const int phase = s.phase.load(std::memory_order_acquire);
+  if (phase == kRunning) {
+    std::vector<std::string> notes;
+    if (s.router->pooled_allocations() == 0) {
+      notes.emplace_back(
+          "no allocation was pooled although CUDA calls reached poolshim; see the "
+          "passthrough_allocs and fallback_allocs counters and the warnings for why");
+    }
+    s.worker->finish(std::move(notes));
+  } else if (phase == kIdle && s.parsed.config.enable) {
+    report_unreached_process();
+  }
+}
+
+void on_fork_child() {
+  // The parent's CUDA state (contexts, pools, our thread) does not exist in the child: a
+  // child of a process that had started passes every call through. One that had not (a
+  // launcher forking workers before any CUDA use) starts afresh on its own first call.
+  State& s = state();
+  if (s.phase.load(std::memory_order_relaxed) != kIdle) {
+    s.forked_child_passthrough.store(true, std::memory_order_relaxed);
+  }
+}
+
+void init_state() {
+  State& s = *new (g_state_storage) State();
+  s.load_mono_ns = now_ns();
+  s.load_unix_s = static_cast<std::uint64_t>(std::time(nullptr));
+  s.parsed = parse_config(environment_strings());
+  if (s.parsed.config.strict && !s.parsed.warnings.empty()) {
+    for (const auto& w : s.parsed.warnings) print_stderr("error: " + w);
+    print_stderr("error: POOLSHIM_STRICT is set and the configuration has problems; refusing to start");
+    _exit(2);
+  }
+  g_state.store(&s, std::memory_order_release);
+  if (!s.parsed.config.enable) return;  // POOLSHIM_ENABLE=0: pure pass-through, no handlers
+  std::atexit(on_exit);
+  pthread_atfork(nullptr, nullptr, on_fork_child);
+}
+
+__attribute__((constructor)) void on_load() { state(); }
+
+}  // namespace
+
+HookScope::HookScope() : outermost_(t_hook_depth++ == 0) {}
+HookScope::~HookScope() { --t_hook_depth; }
+
+Router* router_for_call() {
+  State& s = state();
+  if (!s.parsed.config.enable || s.exiting.load(std::memory_order_relaxed) ||
+      s.forked_child_passthrough.load(std::memory_order_relaxed)) {
+    return nullptr;
+  }
+  int phase = s.phase.load(std::memory_order_acquire);
+  if (phase == kRunning) return s.router;
+  if (phase == kIdle && s.phase.compare_exchange_strong(phase, kStarting)) {
+    start();
+    return s.phase.load(std::memory_order_acquire) == kRunning ? s.router : nullptr;
+  }
+  return nullptr;  // failed, or another thread is starting the core: pass this one through
+}
+
+bool captures_active() { return state().active_captures.load(std::memory_order_acquire) > 0; }
+
+void capture_began(cudaStream_t stream) {
+  State& s = state();
+  std::lock_guard<SpinLock> lock(s.capture_lock);
+  for (auto& slot : s.capturing) {
+    if (slot == nullptr) {
+      slot = stream;
+      s.active_captures.fetch_add(1, std::memory_order_acq_rel);
+      return;
+    }
+  }
+  // More concurrent captures than slots: count it anyway (it can then never be uncounted,
+  // which only keeps allocations unpooled: safe).
+  s.active_captures.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void capture_ended(cudaStream_t stream) {
+  State& s = state();
+  std::lock_guard<SpinLock> lock(s.capture_lock);
+  for (auto& slot : s.capturing) {
+    if (slot == stream && stream != nullptr) {
+      slot = nullptr;
+      s.active_captures.fetch_sub(1, std::memory_order_acq_rel);
+      return;
+    }
+  }
+}
+
+}  // namespace poolshim::shim
+
+POOLSHIM_EXPORT const char* poolshim_version() { return poolshim::poolshim_version_string(); }
