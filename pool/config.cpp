@@ -116,6 +116,12 @@ std::string suggestion_for(std::string_view unknown_key) {
   return best;
 }
 
+// Variables of poolshim's own scripts, not options of the library: they reach the
+// application's environment through the launcher and must not draw a warning there.
+bool is_tool_variable(std::string_view name) {
+  return name == "POOLSHIM_LIBRARY" || name == "POOLSHIM_BUILD_DIR" || name == "POOLSHIM_GPU_OUT";
+}
+
 std::string choice_list(std::string_view option_name) {
   std::string out;
   for (const auto& v : choice_values(option_name)) out += (out.empty() ? "" : "|") + v;
@@ -193,7 +199,7 @@ ParsedConfig parse_config(const std::vector<std::string>& environment) {
     }
   }
   for (const auto& [name, value] : variables) {
-    if (name == "POOLSHIM_CONF") continue;
+    if (name == "POOLSHIM_CONF" || is_tool_variable(name)) continue;
     const OptionInfo* info = find_option(std::string_view(name).substr(9));
     if (info == nullptr || env_name(info->name) != name) {
       const std::string near = suggestion_for(to_lower(std::string_view(name).substr(9)));

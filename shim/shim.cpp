@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -234,9 +235,12 @@ Router* router_for_call() {
   if (phase == kRunning) return s.router;
   if (phase == kIdle && s.phase.compare_exchange_strong(phase, kStarting)) {
     start();
-    return s.phase.load(std::memory_order_acquire) == kRunning ? s.router : nullptr;
+  } else {
+    // Another thread is starting the core (a few milliseconds: loading the driver, one
+    // thread): wait for it, so that a program's first allocations are pooled like the rest.
+    while ((phase = s.phase.load(std::memory_order_acquire)) == kStarting) sched_yield();
   }
-  return nullptr;  // failed, or another thread is starting the core: pass this one through
+  return s.phase.load(std::memory_order_acquire) == kRunning ? s.router : nullptr;
 }
 
 bool captures_active() { return state().active_captures.load(std::memory_order_acquire) > 0; }

@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""End-to-end tests on a CPU machine (DESIGN §6.2): the test programs run under LD_PRELOAD
+over the CUDA test double, with and without the shim; outputs, exit codes and the log are
+checked. One case per ctest test:
+
+    run_e2e.py --list
+    run_e2e.py --build BUILD_DIR CASE
+"""
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from harness import (ROOT, Failure, compare, exit_device, expect, expect_equal, logs_in,  # noqa: E402
+                     parse_fields, poolshim_log, records_of, run_process, clean_environment, with_shim)
+
+MiB = 1 << 20
+CASES = {}
+BUILD = None
+
+
+def case(fn):
+    CASES[fn.__name__[len("case_"):]] = fn
+    return fn
+
+
+def program(name):
+    return os.path.join(BUILD, "programs", name)
+
+
+def base_env(extra=None):
+    env = clean_environment()
+    double = os.path.join(BUILD, "double")
+    env["LD_LIBRARY_PATH"] = double + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    env["CUDADOUBLE_MEM"] = "1G"
+    env["CUDADOUBLE_DEVICES"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def run(args, shim, tmp, extra=None, timeout=60):
+    env = base_env(extra)
+    if shim:
+        env = with_shim(env, os.path.join(BUILD, "libpoolshim.so"), os.path.join(tmp, "log-%p.jsonl"))
+    return run_process(args, env, timeout)
+
+
+def differential(args, tmp, extra=None):
+    """Runs `args` without and with the shim: same exit code, same standard output."""
+    native = run(args, False, tmp, extra)
+    shim = run(args, True, tmp, extra)
+    compare(args, native, shim)
+    return native, shim
+
+
+def logs(tmp):
+    return logs_in(tmp)
+
+
+def one_log(tmp):
+    paths = logs(tmp)
+    expect(len(paths) == 1, f"expected one log, found {paths}")
+    return poolshim_log.read_log(paths[0])
+
+
+# ---- cases -----------------------------------------------------------------------------
+
+@case
+def case_api_edges_match_native(tmp):
+    native, shim = differential([program("api_edges")], tmp)
+    # The cases must actually have run the paths they name.
+    for line in ("oom_huge: cudaErrorMemoryAllocation last=cudaErrorMemoryAllocation cleared=cudaSuccess",
+                 "oom_then_recover: held=12 big=cudaSuccess data_ok=1 last=cudaSuccess",
+                 "double_free: first=cudaSuccess second=cudaErrorInvalidValue",
+                 "final_last_error: cudaSuccess"):
+        expect(line in shim.out, f"missing {line!r} in\n{shim.out}")
+    records = one_log(tmp)
+    ex, d = exit_device(records)
+    expect(ex["pooled_allocs"] > 20, f"too few pooled allocations: {ex['pooled_allocs']}")
+    expect_equal(d["oom_retries"], 1, "oom_retries (oom_then_recover trims and retries once)")
+    expect_equal(d["oom_retry_successes"], 1, "oom_retry_successes")
+    expect_equal(d["ooms"], 1, "ooms (only the 1 PiB request fails)")
+    expect_equal(d["failed_allocs"], 1, "failed_allocs")
+    expect_equal(d["reset_dropped"], 1, "reset_dropped (one buffer live at cudaDeviceReset)")
+    expect_equal(ex["leaks"]["count"], 0, "leaks")
+    ooms = records_of(records, "oom")
+    expect_equal(len(ooms), 1, "oom records")
+    expect_equal(ooms[0]["request_bytes"], 1 << 50, "oom request")
+    expect_equal(ooms[0]["verdict"], "exhausted", "oom verdict")
+
+
+def churn_case(tmp, binary, mode):
+    args = [program(binary), "1000", "64", str(4 * MiB)] + ([mode] if mode == "async" else [])
+    native, shim = differential(args, tmp)
+    allocated = int(parse_fields(shim.out.splitlines()[0])["allocated_bytes"])
+    ex, d = exit_device(one_log(tmp))
+    expect_equal(ex["pooled_allocs"], 1064, "pooled allocations (64 live + 1000 iterations)")
+    expect_equal(d["frees"], 1064, "frees")
+    expect_equal(d["async_allocs"], 1064 if mode == "async" else 0, "async_allocs")
+    expect_equal(d["async_frees"], 1064 if mode == "async" else 0, "async_frees")
+    expect_equal(d["requested_bytes_total"], allocated, "requested_bytes_total")
+    expect_equal(d["requested_bytes"], 0, "requested bytes at exit")
+    expect_equal(d["live_allocs"], 0, "live allocations at exit")
+    expect_equal(d["live_allocs_peak"], 64, "live allocations peak")
+    expect_equal(d["passthrough_allocs"] + d["passthrough_frees"], 0, "pass-through calls")
+    expect_equal(ex["leaks"]["count"], 0, "leaks")
+
+
+@case
+def case_churn_sync_counted_once(tmp):
+    churn_case(tmp, "churn", "sync")
+
+
+@case
+def case_churn_async_counted_once(tmp):
+    churn_case(tmp, "churn", "async")
+
+
+@case
+def case_churn_per_thread_stream_build(tmp):
+    churn_case(tmp, "churn_ptds", "async")
+
+
+@case
+def case_demo_log_and_leak(tmp):
+    native, shim = differential([program("demo"), "20", str(1 << 18)], tmp, {"POOLSHIM_SAMPLE_MS": "1"})
+    records = one_log(tmp)
+    expect_equal(records[0]["type"], "start", "first record")
+    expect(len(records_of(records, "sample")) >= 1, "no sample record")
+    ex, d = exit_device(records)
+    expect_equal(ex["pooled_allocs"], 1 + 20 * 7, "pooled allocations")
+    expect_equal(d["frees"], 20 * 7, "frees")
+    expect_equal(ex["leaks"]["count"], 1, "leaked allocations")
+    expect_equal(ex["leaks"]["bytes"], 3 * MiB, "leaked bytes")
+    expect_equal(ex["leaks"]["largest"][0]["bytes"], 3 * MiB, "largest leak")
+
+
+@case
+def case_oom_exit_status_and_record(tmp):
+    native, shim = differential([program("oom_exit")], tmp)
+    expect_equal(shim.rc, 3, "exit status")
+    expect_equal(shim.out, "allocation failed: cudaErrorMemoryAllocation\n", "output")
+    expect("poolshim: out of memory on device 0: 2.0 GiB requested" in shim.err, shim.err)
+    ooms = records_of(one_log(tmp), "oom")
+    expect_equal(len(ooms), 1, "oom records")
+    o = ooms[0]
+    expect_equal(o["request_bytes"], 2 << 30, "request")
+    expect_equal(o["device_total"], 1 << 30, "device total")
+    expect_equal(o["verdict"], "exhausted", "verdict")
+    expect_equal(o["live_allocs"], 1, "live allocations at the OOM")
+    expect_equal(o["live_bytes"], MiB, "live bytes at the OOM")
+
+
+@case
+def case_threads_concurrent(tmp):
+    differential([program("threads")], tmp)
+    ex, d = exit_device(one_log(tmp))
+    expect_equal(ex["pooled_allocs"], 2400, "pooled allocations")
+    expect_equal(d["async_allocs"], 1200, "async allocations")
+    expect_equal(d["frees"], 2400, "frees")
+    expect_equal(d["live_allocs"], 0, "live at exit")
+
+
+@case
+def case_no_log_without_device_memory(tmp):
+    differential([program("no_alloc")], tmp)
+    differential(["true"], tmp)
+    expect_equal(logs(tmp), [], "log files")
+
+
+@case
+def case_enable_0_passes_through(tmp):
+    native, shim = differential([program("churn"), "200", "16", str(MiB)], tmp, {"POOLSHIM_ENABLE": "0"})
+    expect_equal(logs(tmp), [], "log files")
+    expect("poolshim" not in shim.err, f"the shim spoke although disabled:\n{shim.err}")
+
+
+@case
+def case_unopenable_log_warns_and_runs(tmp):
+    path = "/nonexistent-poolshim-dir/x.jsonl"
+    native, shim = differential([program("churn"), "100", "8", str(MiB)], tmp, {"POOLSHIM_LOG": path})
+    expect(f"poolshim: warning: cannot open log {path}: No such file or directory; running without a log" in shim.err,
+           shim.err)
+
+
+@case
+def case_symlink_log_refused(tmp):
+    target = os.path.join(tmp, "target")
+    link = os.path.join(tmp, "link.jsonl")
+    os.symlink(target, link)
+    native, shim = differential([program("churn"), "100", "8", str(MiB)], tmp, {"POOLSHIM_LOG": link})
+    expect("it is a symbolic link; running without a log" in shim.err, shim.err)
+    expect(not os.path.exists(target), "the link's target was written")
+
+
+@case
+def case_strict_refuses_bad_option(tmp):
+    shim = run([program("churn"), "10", "4", str(MiB)], True, tmp, {"POOLSHIM_STRICT": "1", "POOLSHIM_SAMPLE_MS": "soon"})
+    expect_equal(shim.rc, 2, "exit status")
+    expect_equal(shim.out, "", "output (the program must not run)")
+    expect('poolshim: error: POOLSHIM_SAMPLE_MS="soon" is not a duration in milliseconds' in shim.err, shim.err)
+    expect("refusing to start" in shim.err, shim.err)
+
+
+@case
+def case_bad_option_warns_and_uses_default(tmp):
+    native, shim = differential([program("churn"), "10", "4", str(MiB)], tmp, {"POOLSHIM_RELEASE_THRESHOLD": "lots"})
+    message = 'POOLSHIM_RELEASE_THRESHOLD="lots" is not a size (bytes with K/M/G/T, e.g. 512M, or a % of device memory); using 0 (the default)'
+    expect_equal(shim.err.count(message), 1, f"warnings on stderr in\n{shim.err}")
+    records = one_log(tmp)
+    expect([r for r in records_of(records, "warning") if r["message"] == message], "no warning record")
+    expect_equal(records[0]["config"]["release_threshold"], "0", "release_threshold in the start record")
+
+
+@case
+def case_verbose_prints_configuration(tmp):
+    shim = run([program("churn"), "10", "4", str(MiB)], True, tmp, {"POOLSHIM_VERBOSE": "1", "POOLSHIM_CONF": "sample_ms=50"})
+    expect_equal(shim.rc, 0, "exit status")
+    for line in ("poolshim: option verbose = 1 (environment)", "poolshim: option sample_ms = 50 (POOLSHIM_CONF)",
+                 "poolshim: option free = sync (default)"):
+        expect(line in shim.err, f"missing {line!r} in\n{shim.err}")
+    start = records_of(one_log(tmp), "start")[0]
+    expect_equal(start["config"]["sample_ms"], "50", "sample_ms")
+    expect_equal(start["config_sources"]["sample_ms"], "POOLSHIM_CONF", "sample_ms source")
+
+
+@case
+def case_log_path_expansion(tmp):
+    template = os.path.join(tmp, "x-%h-%r-%%.jsonl")
+    run([program("churn"), "10", "4", str(MiB)], True, tmp, {"POOLSHIM_LOG": template, "RANK": "5"})
+    expected = os.path.join(tmp, f"x-{socket.gethostname()}-5-%.jsonl")
+    expect(os.path.exists(expected), f"{expected} missing; have {os.listdir(tmp)}")
+    poolshim_log.read_log(expected)
+
+
+@case
+def case_fork_before_cuda_child_is_pooled(tmp):
+    native, shim = differential([program("fork_child"), "before"], tmp)
+    paths = logs(tmp)
+    expect_equal(len(paths), 2, f"logs (parent and child): {paths}")
+    for p in paths:
+        ex, d = exit_device(poolshim_log.read_log(p))
+        expect_equal(ex["pooled_allocs"], 1, f"pooled allocations in {p}")
+
+
+@case
+def case_fork_after_cuda_child_passes_through(tmp):
+    native, shim = differential([program("fork_child"), "after"], tmp)
+    expect("child: returned" in shim.out, shim.out)
+    paths = logs(tmp)
+    expect_equal(len(paths), 1, f"logs (the parent's only): {paths}")
+    ex, d = exit_device(poolshim_log.read_log(paths[0]))
+    expect_equal(ex["pooled_allocs"], 1, "pooled allocations")
+
+
+@case
+def case_driver_only_process_is_reported(tmp):
+    native, shim = differential([program("driver_alloc")], tmp)
+    records = one_log(tmp)
+    warnings = [r["message"] for r in records_of(records, "warning")]
+    expect(any("probably links the CUDA runtime statically" in w for w in warnings), warnings)
+    ex = records_of(records, "exit")[0]
+    expect_equal(ex["pooled_allocs"], 0, "pooled allocations")
+    expect("probably links the CUDA runtime statically" in shim.err, shim.err)
+
+
+@case
+def case_launcher_summary_and_status(tmp):
+    launcher = os.path.join(ROOT, "scripts", "poolshim")
+    env = base_env({"POOLSHIM_LIBRARY": os.path.join(BUILD, "libpoolshim.so")})
+    log = os.path.join(tmp, "log-%p.jsonl")
+    done = subprocess.run([launcher, "--log", log, "--", program("demo"), "10", str(1 << 16)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    expect_equal(done.returncode, 0, f"exit status\n{done.stderr}")
+    expect("demo: 10 steps" in done.stdout, done.stdout)
+    for piece in ("71 allocations pooled (0 async), 70 freed", "leaks at exit: 1 allocations, 3.0 MiB",
+                  "peak reserved", "fragmentation: pool slack"):
+        expect(piece in done.stderr, f"missing {piece!r} in\n{done.stderr}")
+    failed = subprocess.run([launcher, "--log", log, "--", program("oom_exit")], env=env, capture_output=True,
+                            text=True, timeout=60)
+    expect_equal(failed.returncode, 3, "the command's exit status")
+    expect("OOM at t=" in failed.stderr and "verdict exhausted" in failed.stderr, failed.stderr)
+    usage = subprocess.run([launcher, "--log", log], env=env, capture_output=True, text=True, timeout=60)
+    expect_equal(usage.returncode, 2, "no command")
+    expect("no command given" in usage.stderr, usage.stderr)
+
+
+@case
+def case_log_reader_rejects_foreign_lines(tmp):
+    path = os.path.join(tmp, "bad.jsonl")
+    with open(path, "w") as f:
+        f.write('{"schema":1,"type":"start","t":0,"pid":1}\n{"hello": 1}\n')
+    try:
+        poolshim_log.read_log(path)
+    except poolshim_log.LogError as e:
+        expect_equal(str(e), f"{path}:2: not a poolshim record (no schema, type, t, pid)", "message")
+    else:
+        raise Failure("a foreign line was accepted")
+
+
+def main():
+    global BUILD
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--build")
+    parser.add_argument("case", nargs="?")
+    args = parser.parse_args()
+    if args.list:
+        print("\n".join(CASES))
+        return 0
+    BUILD = os.path.realpath(args.build)
+    if args.case not in CASES:
+        print(f"unknown case {args.case!r}; cases: {', '.join(CASES)}")
+        return 2
+    with tempfile.TemporaryDirectory(prefix="poolshim-e2e-") as tmp:
+        try:
+            CASES[args.case](tmp)
+        except Failure as e:
+            print(f"FAILED {args.case}: {e}")
+            return 1
+        except subprocess.TimeoutExpired as e:
+            print(f"FAILED {args.case}: timed out (a hang?): {e.cmd}")
+            return 1
+    print(f"passed {args.case}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

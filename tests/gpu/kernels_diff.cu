@@ -1,0 +1,149 @@
+// Kernels and allocations together (GPU only). Each case prints what a correct program
+// prints; a shim that reused memory too early would corrupt the data and change the output.
+//   kernels_diff
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
+#include <vector>
+
+#include "common.h"
+
+namespace {
+
+// Spins for about `ns` nanoseconds, then fills `out` with `value`: still running when the
+// host moves on, it writes late.
+__global__ void late_fill(std::uint32_t* out, size_t n, std::uint32_t value, unsigned long long ns) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) {
+    unsigned long long start;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    unsigned long long now = start;
+    while (now - start < ns) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  }
+  __syncthreads();
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    out[i] = value;
+  }
+}
+
+__global__ void fill(std::uint32_t* out, size_t n, std::uint32_t value) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    out[i] = value;
+  }
+}
+
+__global__ void count_not(const std::uint32_t* in, size_t n, std::uint32_t value, unsigned long long* bad) {
+  unsigned long long local = 0;
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    local += in[i] != value;
+  }
+  if (local) atomicAdd(bad, local);
+}
+
+unsigned long long mismatches(const std::uint32_t* buf, size_t n, std::uint32_t value, cudaStream_t s) {
+  unsigned long long* bad = nullptr;
+  CHECK_CUDA(cudaMallocHost(&bad, sizeof *bad));
+  *bad = 0;
+  count_not<<<264, 256, 0, s>>>(buf, n, value, bad);
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  const unsigned long long out = *bad;
+  CHECK_CUDA(cudaFreeHost(bad));
+  return out;
+}
+
+// cudaFree while a kernel on a non-blocking stream still writes the block: the free must wait
+// (natively it synchronizes the device), or the reallocated block gets the late writes.
+void free_while_kernel_runs() {
+  const size_t n = size_t{16} << 20;  // 64 MiB
+  cudaStream_t s;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  unsigned long long corrupted = 0;
+  for (int round = 0; round < 5; ++round) {
+    std::uint32_t* a = nullptr;
+    CHECK_CUDA(cudaMalloc(&a, n * 4));
+    late_fill<<<264, 256, 0, s>>>(a, n, 0xAAAAAAAAu, 20000000ULL);  // writes after ~20 ms
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaFree(a));
+    std::uint32_t* b = nullptr;
+    CHECK_CUDA(cudaMalloc(&b, n * 4));
+    cudaStream_t t;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking));
+    fill<<<264, 256, 0, t>>>(b, n, 0x11111111u);
+    CHECK_CUDA(cudaStreamSynchronize(t));
+    CHECK_CUDA(cudaDeviceSynchronize());
+    corrupted += mismatches(b, n, 0x11111111u, t);
+    CHECK_CUDA(cudaFree(b));
+    CHECK_CUDA(cudaStreamDestroy(t));
+  }
+  std::printf("free_while_kernel_runs: corrupted=%llu\n", corrupted);
+  CHECK_CUDA(cudaStreamDestroy(s));
+}
+
+// cudaMallocAsync/cudaFreeAsync on two streams: a block freed on s1 behind a late kernel may
+// be reused on s2 only once the free is ordered (the pool's reuse policies guarantee that).
+void async_two_streams() {
+  const size_t n = size_t{8} << 20;
+  cudaStream_t s1, s2;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  unsigned long long corrupted = 0;
+  for (int round = 0; round < 5; ++round) {
+    std::uint32_t* a = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&a, n * 4, s1));
+    late_fill<<<264, 256, 0, s1>>>(a, n, 0xBBBBBBBBu, 10000000ULL);
+    CHECK_CUDA(cudaFreeAsync(a, s1));
+    std::uint32_t* b = nullptr;
+    CHECK_CUDA(cudaMallocAsync(&b, n * 4, s2));
+    fill<<<264, 256, 0, s2>>>(b, n, 0x22222222u);
+    CHECK_CUDA(cudaStreamSynchronize(s2));
+    CHECK_CUDA(cudaStreamSynchronize(s1));
+    corrupted += mismatches(b, n, 0x22222222u, s2);
+    CHECK_CUDA(cudaFreeAsync(b, s2));
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::printf("async_two_streams: corrupted=%llu\n", corrupted);
+  CHECK_CUDA(cudaStreamDestroy(s1));
+  CHECK_CUDA(cudaStreamDestroy(s2));
+}
+
+// The legacy default stream orders blocking streams: allocate, fill on stream 0, free, and
+// reuse, with a checksum computed on the device.
+void default_stream_checksum() {
+  unsigned long long total = 0;
+  for (int i = 0; i < 50; ++i) {
+    const size_t n = 1000 + size_t(i) * 37777;
+    std::uint32_t* p = nullptr;
+    CHECK_CUDA(cudaMalloc(&p, n * 4));
+    fill<<<64, 256>>>(p, n, 0x01010101u * (i % 200));
+    total += n - mismatches(p, n, 0x01010101u * (i % 200), nullptr);
+    CHECK_CUDA(cudaFree(p));
+  }
+  std::printf("default_stream_checksum: matching_words=%llu\n", total);
+}
+
+// An illegal access makes the context's error sticky: later calls, cudaFree included, must
+// report it exactly as natively.
+void sticky_error_after_fault() {
+  std::uint32_t* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, 4096));
+  fill<<<1, 32>>>(reinterpret_cast<std::uint32_t*>(0x10), 32, 1);  // invalid address
+  const cudaError_t sync = cudaDeviceSynchronize();
+  const cudaError_t f = cudaFree(p);
+  void* q = nullptr;
+  const cudaError_t m = cudaMalloc(&q, 4096);
+  std::printf("sticky_error_after_fault: sync=%s free=%s malloc=%s last=%s\n", cudaGetErrorName(sync),
+              cudaGetErrorName(f), cudaGetErrorName(m), cudaGetErrorName(cudaGetLastError()));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  free_while_kernel_runs();
+  async_two_streams();
+  default_stream_checksum();
+  if (argc > 1 && std::string_view(argv[1]) == "fault") sticky_error_after_fault();
+  return 0;
+}

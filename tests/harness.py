@@ -1,0 +1,83 @@
+"""Helpers shared by the end-to-end tests (tests/e2e) and the GPU tests (tests/gpu): running a
+program with and without the shim, comparing, and reading its log."""
+
+import glob
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import poolshim_log  # noqa: E402,F401  (re-exported for the test scripts)
+
+
+class Failure(AssertionError):
+    pass
+
+
+def expect(condition, message):
+    if not condition:
+        raise Failure(message)
+
+
+def expect_equal(actual, wanted, what):
+    if actual != wanted:
+        raise Failure(f"{what}: got {actual!r}, wanted {wanted!r}")
+
+
+class Result:
+    def __init__(self, rc, out, err):
+        self.rc, self.out, self.err = rc, out, err
+
+    def describe(self):
+        return f"exit {self.rc}\n--- stdout\n{self.out}--- stderr\n{self.err}"
+
+
+def run_process(args, env, timeout=60):
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
+    return Result(done.returncode, done.stdout, done.stderr)
+
+
+def clean_environment():
+    """The caller's environment without poolshim's variables or a preload."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("POOLSHIM_") and k != "LD_PRELOAD"}
+
+
+def with_shim(env, library, log_template):
+    env = dict(env)
+    env["LD_PRELOAD"] = library
+    if log_template is not None and "POOLSHIM_LOG" not in env:
+        env["POOLSHIM_LOG"] = log_template
+    return env
+
+
+def compare(args, native, shim):
+    expect(native.rc == shim.rc and native.out == shim.out,
+           f"{' '.join(args)} differs with the shim\n=== native: {native.describe()}\n=== shim: {shim.describe()}")
+
+
+def logs_in(folder, prefix="log-"):
+    return sorted(glob.glob(os.path.join(folder, prefix + "*.jsonl")))
+
+
+def records_of(records, kind):
+    return [r for r in records if r["type"] == kind]
+
+
+def exit_record(records):
+    exits = records_of(records, "exit")
+    expect(len(exits) == 1, f"expected one exit record, found {len(exits)}")
+    return exits[0]
+
+
+def exit_device(records, device=0):
+    ex = exit_record(records)
+    for d in ex["devices"]:
+        if d["device"] == device:
+            return ex, d
+    raise Failure(f"exit record has no device {device}: {ex}")
+
+
+def parse_fields(line):
+    """{'a': '1'} from 'name: a=1 b=2'."""
+    return dict(piece.split("=", 1) for piece in line.split() if "=" in piece)

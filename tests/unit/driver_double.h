@@ -1,0 +1,66 @@
+// Test fixture: the CPU driver double loaded as the core's driver, reset to known figures.
+#pragma once
+
+#include <dlfcn.h>
+
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "cuda_api.h"
+#include "cudadouble.h"
+
+namespace poolshim::testing {
+
+constexpr std::uint64_t MiB = 1ULL << 20;
+
+class DriverDouble {
+ public:
+  DriverDouble(int devices, std::size_t capacity) {
+    handle_ = dlopen(POOLSHIM_DOUBLE_DRIVER, RTLD_NOW | RTLD_LOCAL);
+    REQUIRE(handle_ != nullptr);
+    reset_ = reinterpret_cast<decltype(reset_)>(dlsym(handle_, "cudadouble_reset"));
+    stats_ = reinterpret_cast<decltype(stats_)>(dlsym(handle_, "cudadouble_device_stats"));
+    calls_ = reinterpret_cast<decltype(calls_)>(dlsym(handle_, "cudadouble_call_count"));
+    REQUIRE(reset_ != nullptr);
+    REQUIRE(stats_ != nullptr);
+    REQUIRE(calls_ != nullptr);
+    reset_(devices, capacity);
+    const std::string error = api.load(POOLSHIM_DOUBLE_DRIVER, [](void* h, const char* n) { return dlsym(h, n); });
+    REQUIRE(error.empty());
+  }
+  ~DriverDouble() { dlclose(handle_); }
+  DriverDouble(const DriverDouble&) = delete;
+  DriverDouble& operator=(const DriverDouble&) = delete;
+
+  struct cudadouble_device_stats device(int ordinal) const {
+    struct cudadouble_device_stats s{};
+    REQUIRE(stats_(ordinal, &s) == 0);
+    return s;
+  }
+  unsigned long long calls(const char* name) const { return calls_(name); }
+  /// Makes `ordinal`'s primary context current on this thread (as a runtime call would).
+  CUcontext make_current(int ordinal) const {
+    CUdevice dev = 0;
+    REQUIRE(api.cuDeviceGet(&dev, ordinal) == CUDA_SUCCESS);
+    CUcontext ctx = nullptr;
+    REQUIRE(api.cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS);
+    REQUIRE(api.cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+    return ctx;
+  }
+  template <typename F> F symbol(const char* name) const {
+    auto f = reinterpret_cast<F>(dlsym(handle_, name));
+    REQUIRE(f != nullptr);
+    return f;
+  }
+
+  DriverApi api;
+
+ private:
+  void* handle_ = nullptr;
+  void (*reset_)(int, std::size_t) = nullptr;
+  int (*stats_)(int, struct cudadouble_device_stats*) = nullptr;
+  unsigned long long (*calls_)(const char*) = nullptr;
+};
+
+
+}  // namespace poolshim::testing

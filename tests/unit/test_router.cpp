@@ -1,0 +1,401 @@
+#include <catch2/catch.hpp>
+
+#include <thread>
+#include <vector>
+
+#include "driver_double.h"
+#include "router.h"
+
+using namespace poolshim;
+using poolshim::testing::DriverDouble;
+using poolshim::testing::MiB;
+
+namespace {
+
+// Stands in for the real runtime function behind a hook: counts calls, answers `result`.
+struct RealStub {
+  RealResult result = RealResult::success;
+  int calls = 0;
+  RealResult operator()() {
+    ++calls;
+    return result;
+  }
+};
+
+Config test_config() {
+  Config c = Config::defaults();
+  c.log.clear();
+  return c;
+}
+
+std::vector<Event> drain(EventQueue& q) {
+  std::vector<Event> out;
+  q.drain(out);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("router: cudaMalloc is served from the device's pool, counted once") {
+  DriverDouble d(1, 64 * MiB);
+  Config config = test_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  RealStub real;
+  void* p = nullptr;
+  router.allocate_sync(0, 1000, &p, real);
+  REQUIRE(p != nullptr);
+  CHECK(real.calls == 0);
+  const DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.stats.allocs == 1);
+  CHECK(s.stats.async_allocs == 0);
+  CHECK(s.stats.requested_bytes.current == 1000);
+  CHECK(s.stats.live_allocs.current == 1);
+  CHECK(s.stats.histogram[9] == 1);  // 512 <= 1000 < 1024
+  CHECK(s.pool.used == 1024);
+  CHECK(s.pool.reserved == 2 * MiB);
+  CHECK(d.calls("cuMemAllocFromPoolAsync") == 1);
+  CHECK(d.calls("cuMemAlloc_v2") == 0);
+  CHECK(d.calls("cuStreamSynchronize") == 1);  // usable from every stream on return
+}
+
+TEST_CASE("router: cudaFree synchronizes the device and keeps the block cached for reuse") {
+  DriverDouble d(1, 64 * MiB);
+  Config config = test_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  RealStub real;
+  void* p = nullptr;
+  router.allocate_sync(0, 1000, &p, real);
+  router.free_sync(p, 0, real);
+  CHECK(real.calls == 0);
+  CHECK(d.calls("cuCtxSynchronize") == 1);
+  DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.stats.frees == 1);
+  CHECK(s.stats.requested_bytes.current == 0);
+  CHECK(s.stats.requested_bytes.peak == 1000);
+  CHECK(s.stats.live_allocs.current == 0);
+  CHECK(s.stats.histogram[9] == 0);
+  CHECK(s.pool.used == 0);
+  CHECK(s.pool.reserved == 2 * MiB);
+  CHECK(d.device(0).consumption == 2 * MiB);
+  CHECK(router.unused_bytes(0) == 2 * MiB);
+
+  void* q = nullptr;
+  router.allocate_sync(0, 1000, &q, real);
+  CHECK(q == p);  // the cached block, no new reservation
+  CHECK(router.snapshot(0).pool.reserved == 2 * MiB);
+}
+
+TEST_CASE("router: a pointer the pool did not hand out goes to the real cudaFree unchanged") {
+  DriverDouble d(1, 64 * MiB);
+  Config config = test_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  RealStub real;
+  void* p = nullptr;
+  router.allocate_sync(0, 512, &p, real);  // makes device 0's context current
+  int host_object = 0;
+  router.free_sync(&host_object, 0, real);
+  CHECK(real.calls == 1);
+  CHECK(router.snapshot(0).stats.passthrough_frees == 1);
+  CHECK(router.snapshot(0).stats.frees == 0);
+  CHECK(d.calls("cuCtxSynchronize") == 0);  // the real function does what it does natively
+  router.free_sync(static_cast<char*>(p) + 16, 0, real);  // interior pointer: not ours either
+  CHECK(real.calls == 2);
+  CHECK(router.snapshot(0).stats.live_allocs.current == 1);
+}
+
+TEST_CASE("router: out of memory with enough unused pool memory is trimmed and retried") {
+  DriverDouble d(1, 16 * MiB);
+  Config config = test_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  RealStub real;
+  std::vector<void*> blocks(8);
+  for (auto& b : blocks) router.allocate_sync(0, 3 * MiB / 2, &b, real);
+  CHECK(router.snapshot(0).pool.reserved == 16 * MiB);  // eight 2 MiB chunks: the device is full
+  for (auto* b : blocks) router.free_sync(b, 0, real);
+  void* big = nullptr;
+  router.allocate_sync(0, 6 * MiB, &big, real);  // no chunk holds 6 MiB: a new one must be made
+  CHECK(big != nullptr);
+  CHECK(real.calls == 0);
+  const DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.stats.oom_retries == 1);
+  CHECK(s.stats.oom_retry_successes == 1);
+  CHECK(s.stats.ooms == 0);
+  CHECK(s.pool.reserved == 6 * MiB);
+  CHECK(d.device(0).consumption == 6 * MiB);
+  CHECK(drain(events).empty());
+}
+
+TEST_CASE("router: with oom_retry off the real function's OOM stands, counted as fragmentation") {
+  DriverDouble d(1, 16 * MiB);
+  Config config = test_config();
+  config.oom_retry = false;
+  EventQueue events;
+  Router router(d.api, config, events);
+  RealStub ok;
+  std::vector<void*> blocks(8);
+  for (auto& b : blocks) router.allocate_sync(0, 3 * MiB / 2, &b, ok);
+  for (auto* b : blocks) router.free_sync(b, 0, ok);
+  RealStub oom{RealResult::out_of_memory};
+  void* big = nullptr;
+  router.allocate_sync(0, 6 * MiB, &big, oom);
+  CHECK(oom.calls == 1);
+  CHECK(big == nullptr);
+  const DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.stats.oom_retries == 0);
+  CHECK(s.stats.failed_allocs == 1);
+  CHECK(s.stats.ooms == 1);
+  CHECK(s.stats.oom_with_slack == 1);
+  const auto e = drain(events);
+  REQUIRE(e.size() == 1);
+  REQUIRE(e[0].kind == Event::Kind::oom);
+  CHECK(e[0].oom.request == 6 * MiB);
+  CHECK(e[0].oom.reserved == 16 * MiB);
+  CHECK(e[0].oom.used == 0);
+  CHECK(e[0].oom.device_total == 16 * MiB);
+  CHECK(e[0].oom.device_free == 0);
+  CHECK_FALSE(e[0].oom.retried);
+}
+
+TEST_CASE("router: a request no trim could satisfy fails natively and keeps the pool's cache") {
+  DriverDouble d(1, 16 * MiB);
+  Config config = test_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  RealStub ok;
+  void* p = nullptr;
+  router.allocate_sync(0, MiB, &p, ok);
+  router.free_sync(p, 0, ok);
+  RealStub oom{RealResult::out_of_memory};
+  void* huge = nullptr;
+  router.allocate_sync(0, 1ULL << 40, &huge, oom);
+  CHECK(oom.calls == 1);
+  const DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.stats.oom_retries == 0);
+  CHECK(s.pool.reserved == 2 * MiB);
+  CHECK(s.stats.ooms == 1);
+  CHECK(s.stats.oom_with_slack == 0);
+  const auto e = drain(events);
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].oom.request == 1ULL << 40);
+  CHECK(e[0].oom.live_count == 0);
+}
+
+TEST_CASE("router: an allocation the pool cannot serve but the real function can is a fallback") {
+  DriverDouble d(1, 16 * MiB);
+  Config config = test_config();
+  config.oom_retry = false;
+  EventQueue events;
+  Router router(d.api, config, events);
+  RealStub ok;
+  std::vector<void*> blocks(8);
+  for (auto& b : blocks) router.allocate_sync(0, 3 * MiB / 2, &b, ok);
+  for (auto* b : blocks) router.free_sync(b, 0, ok);
+  void* big = nullptr;
+  router.allocate_sync(0, 6 * MiB, &big, ok);
+  CHECK(ok.calls == 1);
+  const DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.stats.fallback_allocs == 1);
+  CHECK(s.stats.failed_allocs == 0);
+  CHECK(s.stats.allocs == 8);
+  const auto e = drain(events);
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].kind == Event::Kind::warning);
+}
+
+TEST_CASE("router: cudaMallocAsync allocates in the stream's order from the pool") {
+  DriverDouble d(1, 64 * MiB);
+  Config config = test_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  d.make_current(0);
+  CUstream stream = nullptr;
+  REQUIRE(d.api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  CHECK(router.stream_device(stream) == 0);
+  RealStub real;
+  void* p = nullptr;
+  router.allocate_async(0, 4096, stream, &p, real);
+  REQUIRE(p != nullptr);
+  router.free_async(p, stream, real);
+  CHECK(d.device(0).pending_free_count == 1);  // no synchronization: the free is stream-ordered
+  void* q = nullptr;
+  router.allocate_async(0, 4096, stream, &q, real);
+  CHECK(q == p);  // the same stream may reuse its pending free at once
+  CHECK(real.calls == 0);
+  const DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.stats.async_allocs == 2);
+  CHECK(s.stats.async_frees == 1);
+  CHECK(s.stats.allocs == 2);
+  CHECK(s.stats.live_allocs.current == 1);
+  CHECK(d.calls("cuCtxSynchronize") == 0);
+  CHECK(d.calls("cuStreamSynchronize") == 0);
+}
+
+TEST_CASE("router: cudaMallocAsync with an application-owned current pool passes through") {
+  DriverDouble d(1, 64 * MiB);
+  Config config = test_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  router.set_app_pool(0, true);
+  RealStub real;
+  void* p = nullptr;
+  router.allocate_async(0, 4096, nullptr, &p, real);
+  CHECK(real.calls == 1);
+  CHECK(router.snapshot(0).stats.passthrough_allocs == 1);
+  router.set_app_pool(0, false);
+  router.allocate_async(0, 4096, nullptr, &p, real);
+  CHECK(real.calls == 1);
+  CHECK(router.snapshot(0).stats.async_allocs == 1);
+}
+
+TEST_CASE("router: cudaDeviceReset drops the pool and the device's live allocations") {
+  DriverDouble d(1, 64 * MiB);
+  Config config = test_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  RealStub real;
+  void* a = nullptr;
+  void* b = nullptr;
+  router.allocate_sync(0, 1000, &a, real);
+  router.allocate_sync(0, 5000, &b, real);
+  CHECK(d.device(0).pool_count == 1);
+  router.before_device_reset(0);
+  CHECK(d.device(0).pool_count == 0);
+  DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.stats.reset_dropped == 2);
+  CHECK(s.stats.live_allocs.current == 0);
+  CHECK(s.stats.requested_bytes.current == 0);
+  CHECK(router.live_allocations().empty());
+  // The application's cudaDeviceReset follows; afterwards a fresh pool is made on demand.
+  auto reset = d.symbol<CUresult (*)(CUdevice)>("cuDevicePrimaryCtxReset_v2");
+  REQUIRE(reset(0) == CUDA_SUCCESS);
+  RealStub foreign;
+  router.free_sync(a, 0, foreign);  // dropped by the reset: no longer the pool's
+  CHECK(foreign.calls == 1);
+  void* c = nullptr;
+  router.allocate_sync(0, 1000, &c, real);
+  CHECK(c != nullptr);
+  CHECK(real.calls == 0);
+  CHECK(d.device(0).pool_count == 1);
+  CHECK(router.snapshot(0).stats.allocs == 3);
+}
+
+TEST_CASE("router: a thread with no current context gets the device's primary context") {
+  DriverDouble d(1, 64 * MiB);
+  Config config = test_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  void* p = nullptr;
+  int real_calls = 0;
+  std::thread t([&] {
+    router.allocate_sync(0, 1000, &p, [&] {
+      ++real_calls;
+      return RealResult::success;
+    });
+  });
+  t.join();
+  CHECK(p != nullptr);
+  CHECK(real_calls == 0);
+}
+
+TEST_CASE("router: another device's context being current makes cudaMalloc pass through") {
+  DriverDouble d(2, 64 * MiB);
+  Config config = test_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  d.make_current(1);
+  RealStub real;
+  void* p = nullptr;
+  router.allocate_sync(0, 1000, &p, real);
+  CHECK(real.calls == 1);
+  CHECK(router.snapshot(0).stats.passthrough_allocs == 1);
+  router.allocate_sync(1, 1000, &p, real);
+  CHECK(real.calls == 1);
+  CHECK(router.snapshot(1).stats.allocs == 1);
+}
+
+TEST_CASE("router: each device has its own pool and counters") {
+  DriverDouble d(2, 64 * MiB);
+  Config config = test_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  RealStub real;
+  void* p0 = nullptr;
+  void* p1 = nullptr;
+  d.make_current(0);
+  router.allocate_sync(0, 3 * MiB, &p0, real);
+  d.make_current(1);
+  router.allocate_sync(1, 1000, &p1, real);
+  CHECK(router.active_devices() == std::vector<int>{0, 1});
+  CHECK(router.snapshot(0).pool.reserved == 4 * MiB);
+  CHECK(router.snapshot(1).pool.reserved == 2 * MiB);
+  // Freeing device 0's block while device 1 is current synchronizes both, then frees.
+  router.free_sync(p0, 1, real);
+  CHECK(real.calls == 0);
+  CHECK(router.snapshot(0).stats.frees == 1);
+  CHECK(router.snapshot(1).stats.frees == 0);
+  CHECK(d.calls("cuCtxSynchronize") == 2);
+}
+
+TEST_CASE("router: a free while routing is suspended goes to the real function and is forgotten") {
+  DriverDouble d(1, 64 * MiB);
+  Config config = test_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  RealStub real;
+  void* p = nullptr;
+  router.allocate_sync(0, 1000, &p, real);
+  router.free_unrouted(p, 0, real);
+  CHECK(real.calls == 1);
+  DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.stats.passthrough_frees == 1);
+  CHECK(s.stats.live_allocs.current == 0);
+  CHECK(router.live_allocations().empty());
+}
+
+TEST_CASE("router: a failed real free of a pooled pointer keeps it live") {
+  DriverDouble d(1, 64 * MiB);
+  Config config = test_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  RealStub ok;
+  void* p = nullptr;
+  router.allocate_sync(0, 1000, &p, ok);
+  RealStub failing{RealResult::error};
+  router.free_unrouted(p, 0, failing);
+  CHECK(router.live_allocations().size() == 1);
+  CHECK(router.snapshot(0).stats.live_allocs.current == 1);
+}
+
+TEST_CASE("router: zero live allocations after many threads allocate and free concurrently") {
+  DriverDouble d(1, 256 * MiB);
+  Config config = test_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  std::vector<std::thread> threads;
+  std::atomic<int> real_calls{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        void* p = nullptr;
+        auto real = [&] {
+          real_calls.fetch_add(1);
+          return RealResult::success;
+        };
+        router.allocate_sync(0, 256 + 4096 * ((i * 7 + t) % 16), &p, real);
+        router.free_sync(p, 0, real);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(real_calls.load() == 0);
+  const DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.stats.allocs == 1600);
+  CHECK(s.stats.frees == 1600);
+  CHECK(s.stats.live_allocs.current == 0);
+  CHECK(s.stats.requested_bytes.current == 0);
+  CHECK(s.pool.used == 0);
+}
