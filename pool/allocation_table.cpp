@@ -13,8 +13,8 @@ namespace {
 constexpr std::size_t kInitialCapacity = 8192;
 
 void* map_slots(std::size_t count, std::size_t slot_size) {
-  void* p = mmap(nullptr, count * slot_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                 -1, 0);
+  void* p =
+      mmap(nullptr, count * slot_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) std::abort();  // out of host address space: nothing sane is left to do
   return p;
 }

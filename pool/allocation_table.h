@@ -39,7 +39,8 @@ class AllocationTable {
   /// The record of `ptr` without removing it.
   std::optional<Allocation> find(std::uintptr_t ptr) const;
   /// Removes every record of `device`, calling `dropped` for each (under its shard's lock).
-  void drop_device(int device, const std::function<void(std::uintptr_t, const Allocation&)>& dropped);
+  void drop_device(int device,
+                   const std::function<void(std::uintptr_t, const Allocation&)>& dropped);
   /// Calls `visit` for every record, one shard locked at a time.
   void for_each(const std::function<void(std::uintptr_t, const Allocation&)>& visit) const;
   std::size_t size() const;
@@ -59,7 +60,8 @@ class AllocationTable {
   static std::uint64_t hash(std::uintptr_t ptr);
   static Shard& shard_for(Shard* shards, std::uint64_t h);
   static void grow(Shard& s);
-  static void insert_unlocked(Shard& s, std::uintptr_t key, const Allocation& value, std::uint64_t h);
+  static void insert_unlocked(Shard& s, std::uintptr_t key, const Allocation& value,
+                              std::uint64_t h);
   static void erase_at(Shard& s, std::size_t index);
 
   Shard shards_[kShards];

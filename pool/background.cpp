@@ -55,7 +55,9 @@ void BackgroundWorker::finish(std::vector<std::string> notes) {
   if (thread_.joinable()) thread_.join();
 }
 
-void BackgroundWorker::write(const std::string& record) { log_.write(record); }
+void BackgroundWorker::write(const std::string& record) {
+  log_.write(record);
+}
 
 void BackgroundWorker::begin() {
   const std::string& path = info_.log_path;
@@ -79,13 +81,15 @@ void BackgroundWorker::write_events() {
       write(warning_record(t(now_ns()), info_.pid, e.text));
     } else {
       const OomReport& r = e.oom;
-      print_stderr("out of memory on device " + std::to_string(r.device) + ": " +
-                   format_bytes(r.request) + " requested, " +
-                   (r.device_info_valid ? format_bytes(r.device_free) + " of " +
-                                              format_bytes(r.device_total) + " free"
-                                        : std::string("device figures unknown")) +
-                   ", pool holds " + format_bytes(r.reserved > r.used ? r.reserved - r.used : 0) +
-                   " unused; verdict: " + oom_verdict(r) + ". " + oom_hint(r));
+      print_stderr(
+          "out of memory on device " + std::to_string(r.device) + ": " + format_bytes(r.request) +
+          " requested, " +
+          (r.device_info_valid
+               ? format_bytes(r.device_free) + " of " + format_bytes(r.device_total) + " free"
+               : std::string("device figures unknown")) +
+          ", pool held " + format_bytes(r.reserved > r.used ? r.reserved - r.used : 0) +
+          " unused (" + format_bytes(r.released_after) +
+          " given back before the real call); verdict: " + oom_verdict(r) + ". " + oom_hint(r));
       write(oom_record(seconds_since_start(info_, r.t_ns), info_.pid, r));
     }
     last_ticket = std::max(last_ticket, e.ticket);
@@ -107,11 +111,13 @@ void BackgroundWorker::trim_if_idle(const DeviceSnapshot& snap, std::uint64_t no
   if (now - a.changed_ns < config.idle_trim_ms * 1000000ULL) return;
   const std::uint64_t threshold =
       config.release_threshold.resolve(snap.device_info_valid ? snap.device_total : 0);
-  const std::uint64_t unused = snap.pool.reserved > snap.pool.used ? snap.pool.reserved - snap.pool.used : 0;
+  const std::uint64_t unused =
+      snap.pool.reserved > snap.pool.used ? snap.pool.reserved - snap.pool.used : 0;
   if (unused <= threshold) return;
   const std::uint64_t excess = unused - threshold;
   // Halve the excess each tick: a pause in the work does not cost the whole cache at once.
-  const std::uint64_t keep = snap.pool.used + threshold + (excess > kTrimStepFloor ? excess / 2 : 0);
+  const std::uint64_t keep =
+      snap.pool.used + threshold + (excess > kTrimStepFloor ? excess / 2 : 0);
   if (router_.trim_idle(snap.device, keep) == 0) a.exhausted = true;
 }
 

@@ -60,9 +60,9 @@ class BackgroundWorker {
   std::uint64_t next_sample_ns_ = 0;
 
   struct Activity {
-    std::uint64_t calls = 0;        // allocs + frees at the last look
-    std::uint64_t changed_ns = 0;   // when that figure last changed
-    bool exhausted = false;         // a trim released nothing: wait for new activity
+    std::uint64_t calls = 0;       // allocs + frees at the last look
+    std::uint64_t changed_ns = 0;  // when that figure last changed
+    bool exhausted = false;        // a trim released nothing: wait for new activity
   };
   std::map<int, Activity> activity_;
 };

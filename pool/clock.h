@@ -10,14 +10,16 @@ namespace poolshim {
 inline std::uint64_t now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<std::uint64_t>(ts.tv_nsec);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ULL +
+         static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
 /// Monotonic nanoseconds at the kernel tick's resolution (a few ms): cheap enough for a hook.
 inline std::uint64_t coarse_now_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ULL + static_cast<std::uint64_t>(ts.tv_nsec);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ULL +
+         static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
 }  // namespace poolshim

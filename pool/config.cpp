@@ -28,9 +28,12 @@ std::string env_name(std::string_view option_name) {
 
 const char* source_name(Source s) {
   switch (s) {
-    case Source::default_value: return "default";
-    case Source::conf_string: return "POOLSHIM_CONF";
-    case Source::environment: return "environment";
+    case Source::default_value:
+      return "default";
+    case Source::conf_string:
+      return "POOLSHIM_CONF";
+    case Source::environment:
+      return "environment";
   }
   return "?";
 }
@@ -39,11 +42,16 @@ namespace {
 
 const char* kind_expectation(OptionKind kind) {
   switch (kind) {
-    case OptionKind::Bool: return "a boolean (1/0, true/false, on/off, yes/no)";
-    case OptionKind::Path: return "a path whose % escapes are %p, %h, %r, %t or %%";
-    case OptionKind::Milliseconds: return "a duration in milliseconds (e.g. 500, 500ms, 2s)";
-    case OptionKind::Size: return "a size (bytes with K/M/G/T, e.g. 512M, or a % of device memory)";
-    case OptionKind::Choice: return "one of";
+    case OptionKind::Bool:
+      return "a boolean (1/0, true/false, on/off, yes/no)";
+    case OptionKind::Path:
+      return "a path whose % escapes are %p, %h, %r, %t or %%";
+    case OptionKind::Milliseconds:
+      return "a duration in milliseconds (e.g. 500, 500ms, 2s)";
+    case OptionKind::Size:
+      return "a size (bytes with K/M/G/T, e.g. 512M, or a % of device memory)";
+    case OptionKind::Choice:
+      return "one of";
   }
   return "?";
 }
@@ -136,10 +144,10 @@ Config Config::defaults() {
     c.sources.push_back(Source::default_value);
     c.texts.emplace_back(info.default_text);
   }
-#define POOLSHIM_DEFAULT(NAME, KIND, DEFAULT, MEANING)                                    \
+#define POOLSHIM_DEFAULT(NAME, KIND, DEFAULT, MEANING)                                \
   {                                                                                   \
-    static const OptionInfo info{#NAME, OptionKind::KIND, DEFAULT, MEANING};              \
-    [[maybe_unused]] const bool ok = assign(c.NAME, std::string_view(DEFAULT), info);     \
+    static const OptionInfo info{#NAME, OptionKind::KIND, DEFAULT, MEANING};          \
+    [[maybe_unused]] const bool ok = assign(c.NAME, std::string_view(DEFAULT), info); \
   }
   POOLSHIM_OPTIONS(POOLSHIM_DEFAULT)
 #undef POOLSHIM_DEFAULT
@@ -190,8 +198,7 @@ ParsedConfig parse_config(const std::vector<std::string>& environment) {
       if (info == nullptr) {
         const std::string near = suggestion_for(key);
         out.warnings.push_back("POOLSHIM_CONF: \"" + key + "\" is not a poolshim option" +
-                               (near.empty() ? "" : " (did you mean " + near + "?)") +
-                               "; ignored");
+                               (near.empty() ? "" : " (did you mean " + near + "?)") + "; ignored");
         continue;
       }
       settings[info->name] = {std::string(trim(item.substr(eq + 1))), Source::conf_string,
@@ -213,22 +220,23 @@ ParsedConfig parse_config(const std::vector<std::string>& environment) {
 
   // Apply them through the typed fields.
   std::size_t index = 0;
-#define POOLSHIM_APPLY(NAME, KIND, DEFAULT, MEANING)                                                \
-  {                                                                                             \
-    const auto it = settings.find(#NAME);                                                       \
-    if (it != settings.end()) {                                                                 \
-      const OptionInfo& info = table[index];                                                    \
-      if (assign(out.config.NAME, it->second.text, info)) {                                     \
-        out.config.sources[index] = it->second.source;                                          \
-        out.config.texts[index] = it->second.text;                                              \
-      } else {                                                                                  \
-        std::string expect = kind_expectation(info.kind);                                       \
-        if (info.kind == OptionKind::Choice) expect += " " + choice_list(info.name);            \
-        out.warnings.push_back(it->second.origin + "=\"" + it->second.text + "\" is not " +     \
-                               expect + "; using " + (*DEFAULT ? DEFAULT : "\"\"") + " (the default)"); \
-      }                                                                                         \
-    }                                                                                           \
-    ++index;                                                                                    \
+#define POOLSHIM_APPLY(NAME, KIND, DEFAULT, MEANING)                                        \
+  {                                                                                         \
+    const auto it = settings.find(#NAME);                                                   \
+    if (it != settings.end()) {                                                             \
+      const OptionInfo& info = table[index];                                                \
+      if (assign(out.config.NAME, it->second.text, info)) {                                 \
+        out.config.sources[index] = it->second.source;                                      \
+        out.config.texts[index] = it->second.text;                                          \
+      } else {                                                                              \
+        std::string expect = kind_expectation(info.kind);                                   \
+        if (info.kind == OptionKind::Choice) expect += " " + choice_list(info.name);        \
+        out.warnings.push_back(it->second.origin + "=\"" + it->second.text + "\" is not " + \
+                               expect + "; using " + (*DEFAULT ? DEFAULT : "\"\"") +        \
+                               " (the default)");                                           \
+      }                                                                                     \
+    }                                                                                       \
+    ++index;                                                                                \
   }
   POOLSHIM_OPTIONS(POOLSHIM_APPLY)
 #undef POOLSHIM_APPLY

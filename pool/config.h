@@ -68,17 +68,32 @@ std::vector<std::string> choice_values(std::string_view option_name);
 std::string env_name(std::string_view option_name);
 
 namespace detail {
-template <OptionKind K> struct ValueType;
-template <> struct ValueType<OptionKind::Bool> { using type = bool; };
-template <> struct ValueType<OptionKind::Path> { using type = std::string; };
-template <> struct ValueType<OptionKind::Milliseconds> { using type = std::uint64_t; };
-template <> struct ValueType<OptionKind::Size> { using type = SizeValue; };
-template <> struct ValueType<OptionKind::Choice> { using type = std::string; };
+template <OptionKind K>
+struct ValueType;
+template <>
+struct ValueType<OptionKind::Bool> {
+  using type = bool;
+};
+template <>
+struct ValueType<OptionKind::Path> {
+  using type = std::string;
+};
+template <>
+struct ValueType<OptionKind::Milliseconds> {
+  using type = std::uint64_t;
+};
+template <>
+struct ValueType<OptionKind::Size> {
+  using type = SizeValue;
+};
+template <>
+struct ValueType<OptionKind::Choice> {
+  using type = std::string;
+};
 }  // namespace detail
 
 struct Config {
-#define POOLSHIM_FIELD(name, kind, def, meaning) \
-  detail::ValueType<OptionKind::kind>::type name{};
+#define POOLSHIM_FIELD(name, kind, def, meaning) detail::ValueType<OptionKind::kind>::type name{};
   POOLSHIM_OPTIONS(POOLSHIM_FIELD)
 #undef POOLSHIM_FIELD
 

@@ -10,8 +10,8 @@ std::string DriverApi::load(const char* library, Lookup lookup) {
     const char* why = dlerror();
     return std::string("cannot load ") + library + ": " + (why ? why : "unknown error");
   }
-#define POOLSHIM_DRIVER_RESOLVE(name)                                                   \
-  name = reinterpret_cast<decltype(&::name)>(lookup(handle, #name));                    \
+#define POOLSHIM_DRIVER_RESOLVE(name)                                \
+  name = reinterpret_cast<decltype(&::name)>(lookup(handle, #name)); \
   if (name == nullptr) return std::string(library) + " has no " #name " (driver too old?)";
   POOLSHIM_DRIVER_FUNCTIONS(POOLSHIM_DRIVER_RESOLVE)
 #undef POOLSHIM_DRIVER_RESOLVE

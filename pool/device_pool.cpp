@@ -83,7 +83,9 @@ std::unique_ptr<DevicePool> DevicePool::create(const DriverApi& driver, int ordi
   return p;
 }
 
-DevicePool::~DevicePool() { release(); }
+DevicePool::~DevicePool() {
+  release();
+}
 
 void DevicePool::release() {
   // A pool with live allocations is released by the driver once they are freed (or by the

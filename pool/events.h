@@ -19,15 +19,16 @@ struct OomReport {
   std::uint64_t request = 0;
   std::uintptr_t stream = 0;
   bool async = false;
-  bool retried = false;          // a trim-and-retry was tried
+  bool retried = false;  // a trim-and-retry was tried
   bool device_info_valid = false;
   std::uint64_t device_free = 0;
   std::uint64_t device_total = 0;
-  std::uint64_t reserved = 0;    // pool figures at the failure
+  std::uint64_t reserved = 0;  // pool figures at the failure
   std::uint64_t used = 0;
-  std::uint64_t live_bytes = 0;  // requested bytes in live pooled allocations
+  std::uint64_t released_after = 0;  // unused pool memory given back before the real call
+  std::uint64_t live_bytes = 0;      // requested bytes in live pooled allocations
   std::uint64_t live_count = 0;
-  int error = 0;                 // the code the application got back
+  int error = 0;  // the code the application got back
 };
 
 struct Event {

@@ -7,9 +7,11 @@
 
 namespace poolshim {
 
-template <typename Signature> class FunctionRef;
+template <typename Signature>
+class FunctionRef;
 
-template <typename R, typename... Args> class FunctionRef<R(Args...)> {
+template <typename R, typename... Args>
+class FunctionRef<R(Args...)> {
  public:
   template <typename F,
             typename = std::enable_if_t<!std::is_same_v<std::decay_t<F>, FunctionRef> &&

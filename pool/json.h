@@ -13,12 +13,20 @@ class JsonObject {
   JsonObject() : text_("{") {}
 
   JsonObject& add(std::string_view key, std::string_view value);
-  JsonObject& add(std::string_view key, const char* value) { return add(key, std::string_view(value)); }
-  JsonObject& add(std::string_view key, const std::string& value) { return add(key, std::string_view(value)); }
+  JsonObject& add(std::string_view key, const char* value) {
+    return add(key, std::string_view(value));
+  }
+  JsonObject& add(std::string_view key, const std::string& value) {
+    return add(key, std::string_view(value));
+  }
   JsonObject& add(std::string_view key, std::uint64_t value);
   JsonObject& add(std::string_view key, std::int64_t value);
-  JsonObject& add(std::string_view key, int value) { return add(key, static_cast<std::int64_t>(value)); }
-  JsonObject& add(std::string_view key, unsigned value) { return add(key, static_cast<std::uint64_t>(value)); }
+  JsonObject& add(std::string_view key, int value) {
+    return add(key, static_cast<std::int64_t>(value));
+  }
+  JsonObject& add(std::string_view key, unsigned value) {
+    return add(key, static_cast<std::uint64_t>(value));
+  }
   JsonObject& add(std::string_view key, double value);
   JsonObject& add(std::string_view key, bool value);
   JsonObject& add_null(std::string_view key);
@@ -38,7 +46,8 @@ class JsonObject {
 std::string json_string(std::string_view value);
 
 /// "[a,b,c]" from already-serialized elements.
-template <typename Container> std::string json_array(const Container& elements) {
+template <typename Container>
+std::string json_array(const Container& elements) {
   std::string out = "[";
   bool first = true;
   for (const auto& e : elements) {

@@ -86,7 +86,9 @@ std::string expand_log_path(const std::string& path_template, int pid, const std
 
 LogFile::LogFile() = default;
 
-LogFile::~LogFile() { close(); }
+LogFile::~LogFile() {
+  close();
+}
 
 std::string LogFile::open(const std::string& path) {
   close();

@@ -11,10 +11,13 @@
 
 namespace poolshim {
 
-const char* poolshim_version_string() { return POOLSHIM_VERSION; }
+const char* poolshim_version_string() {
+  return POOLSHIM_VERSION;
+}
 
 double seconds_since_start(const ProcessInfo& info, std::uint64_t mono_ns) {
-  return mono_ns > info.start_mono_ns ? static_cast<double>(mono_ns - info.start_mono_ns) / 1e9 : 0.0;
+  return mono_ns > info.start_mono_ns ? static_cast<double>(mono_ns - info.start_mono_ns) / 1e9
+                                      : 0.0;
 }
 
 namespace {
@@ -38,9 +41,10 @@ void add_device_fields(JsonObject& o, const DeviceSnapshot& s) {
   o.add("device", s.device);
   o.add("reserved_bytes", s.pool.reserved).add("reserved_bytes_peak", s.pool.reserved_high);
   o.add("used_bytes", s.pool.used).add("used_bytes_peak", s.pool.used_high);
-#define POOLSHIM_ADD_GAUGE(name, meaning)                                            \
-  o.add(#name, s.stats.name.current).add(#name "_peak", s.stats.name.peak).add(#name "_total", \
-                                                                               s.stats.name.total);
+#define POOLSHIM_ADD_GAUGE(name, meaning)    \
+  o.add(#name, s.stats.name.current)         \
+      .add(#name "_peak", s.stats.name.peak) \
+      .add(#name "_total", s.stats.name.total);
   POOLSHIM_GAUGES(POOLSHIM_ADD_GAUGE)
 #undef POOLSHIM_ADD_GAUGE
 #define POOLSHIM_ADD_COUNTER(name, meaning) o.add(#name, s.stats.name);
@@ -149,6 +153,7 @@ std::string oom_record(double t, int pid, const OomReport& r) {
   }
   o.add("reserved_bytes", r.reserved).add("used_bytes", r.used);
   o.add("pool_unused_bytes", r.reserved > r.used ? r.reserved - r.used : 0);
+  o.add("released_bytes", r.released_after);
   o.add("live_bytes", r.live_bytes).add("live_allocs", r.live_count);
   o.add("retried", r.retried);
   o.add("verdict", oom_verdict(r));
@@ -173,7 +178,8 @@ std::string exit_record(double t, int pid, const ExitSummary& summary) {
   for (const auto& l : summary.live) leaked_bytes += l.info.requested;
   std::vector<LiveAllocation> largest = summary.live;
   std::sort(largest.begin(), largest.end(), [](const LiveAllocation& a, const LiveAllocation& b) {
-    return a.info.requested != b.info.requested ? a.info.requested > b.info.requested : a.ptr < b.ptr;
+    return a.info.requested != b.info.requested ? a.info.requested > b.info.requested
+                                                : a.ptr < b.ptr;
   });
   if (largest.size() > 10) largest.resize(10);
   std::vector<std::string> rows;

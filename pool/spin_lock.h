@@ -2,8 +2,8 @@
 // where a futex-based mutex would cost more than the work it protects.
 #pragma once
 
-#include <atomic>
 #include <sched.h>
+#include <atomic>
 
 namespace poolshim {
 

@@ -10,28 +10,31 @@
 namespace poolshim {
 
 // X(name, meaning): monotonic totals since start (or since the device was reset).
-#define POOLSHIM_COUNTERS(X)                                                                       \
-  X(allocs, "allocations served from the pool (cudaMalloc and cudaMallocAsync)")                   \
-  X(frees, "pooled blocks given back (cudaFree and cudaFreeAsync)")                                \
-  X(async_allocs, "of allocs, those made by cudaMallocAsync")                                      \
-  X(async_frees, "of frees, those made by cudaFreeAsync")                                          \
-  X(passthrough_allocs, "allocation calls passed to the real function (zero size, capture, app "   \
-                        "pool, foreign context, shim not ready)")                                  \
-  X(passthrough_frees, "free calls passed to the real function (pointers the pool did not hand "   \
-                       "out, capture)")                                                            \
-  X(failed_allocs, "allocation calls that returned an error to the application")                   \
-  X(ooms, "allocation calls that returned out-of-memory to the application")                       \
-  X(oom_with_slack, "of ooms, those where the pool's unused memory was at least the request "      \
-                    "(fragmentation)")                                                             \
-  X(oom_retries, "pool allocations that ran out of memory and were retried after a trim")          \
-  X(oom_retry_successes, "of oom_retries, those that then succeeded")                              \
-  X(fallback_allocs, "allocations the pool could not serve but the real function could")           \
-  X(idle_trims, "background trims of an idle pool")                                                \
-  X(idle_trimmed_bytes, "bytes given back by background trims")                                    \
+#define POOLSHIM_COUNTERS(X)                                                              \
+  X(allocs, "allocations served from the pool (cudaMalloc and cudaMallocAsync)")          \
+  X(frees, "pooled blocks given back (cudaFree and cudaFreeAsync)")                       \
+  X(async_allocs, "of allocs, those made by cudaMallocAsync")                             \
+  X(async_frees, "of frees, those made by cudaFreeAsync")                                 \
+  X(passthrough_allocs,                                                                   \
+    "allocation calls passed to the real function (zero size, capture, app "              \
+    "pool, foreign context, shim not ready)")                                             \
+  X(passthrough_frees,                                                                    \
+    "free calls passed to the real function (pointers the pool did not hand "             \
+    "out, capture)")                                                                      \
+  X(failed_allocs, "allocation calls that returned an error to the application")          \
+  X(ooms, "allocation calls that returned out-of-memory to the application")              \
+  X(oom_with_slack,                                                                       \
+    "of ooms, those where the pool's unused memory was at least the request "             \
+    "(fragmentation)")                                                                    \
+  X(oom_retries, "pool allocations that ran out of memory and were retried after a trim") \
+  X(oom_retry_successes, "of oom_retries, those that then succeeded")                     \
+  X(fallback_allocs, "allocations the pool could not serve but the real function could")  \
+  X(idle_trims, "background trims of an idle pool")                                       \
+  X(idle_trimmed_bytes, "bytes given back by background trims")                           \
   X(reset_dropped, "live allocations dropped by cudaDeviceReset")
 
 // X(name, meaning): figures with a current value, a peak and a running total of increases.
-#define POOLSHIM_GAUGES(X)                                                    \
+#define POOLSHIM_GAUGES(X)                                                          \
   X(requested_bytes, "bytes the application asked for, in live pooled allocations") \
   X(live_allocs, "live pooled allocations")
 
@@ -113,7 +116,7 @@ inline StatsSnapshot take_snapshot(const DeviceStats& s) {
 #define POOLSHIM_COPY_COUNTER(name, meaning) out.name = s.name.load(std::memory_order_relaxed);
   POOLSHIM_COUNTERS(POOLSHIM_COPY_COUNTER)
 #undef POOLSHIM_COPY_COUNTER
-#define POOLSHIM_COPY_GAUGE(name, meaning)                          \
+#define POOLSHIM_COPY_GAUGE(name, meaning)                           \
   out.name.current = s.name.current.load(std::memory_order_relaxed); \
   out.name.peak = s.name.peak.load(std::memory_order_relaxed);       \
   out.name.total = s.name.total.load(std::memory_order_relaxed);

@@ -8,8 +8,10 @@
 namespace poolshim {
 
 std::string_view trim(std::string_view text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
+    text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
+    text.remove_suffix(1);
   return text;
 }
 
@@ -95,7 +97,8 @@ std::optional<SizeValue> parse_size(std::string_view text, bool allow_percent) {
   }
   if (!known) return std::nullopt;
   const long double bytes = std::floor(*number * multiplier);
-  if (bytes > static_cast<long double>(std::numeric_limits<std::uint64_t>::max())) return std::nullopt;
+  if (bytes > static_cast<long double>(std::numeric_limits<std::uint64_t>::max()))
+    return std::nullopt;
   SizeValue out;
   out.bytes = static_cast<std::uint64_t>(bytes);
   return out;

@@ -135,7 +135,8 @@ POOLSHIM_EXPORT cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   HookScope scope;
   const cudaError_t result = real::cudaMemGetInfo()(free, total);
   Router* router = scope.outermost() ? router_for_call() : nullptr;
-  if (result != cudaSuccess || router == nullptr || free == nullptr || total == nullptr) return result;
+  if (result != cudaSuccess || router == nullptr || free == nullptr || total == nullptr)
+    return result;
   const std::uint64_t unused = router->unused_bytes(router->current_device());
   *free = static_cast<size_t>(std::min<std::uint64_t>(*free + unused, *total));
   return result;
@@ -165,7 +166,8 @@ POOLSHIM_EXPORT cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t memPo
 
 // Stream capture (DESIGN §3): while one is in progress, allocation calls pass through, so the
 // capture sees exactly what it would see without the shim.
-POOLSHIM_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+POOLSHIM_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream,
+                                                   enum cudaStreamCaptureMode mode) {
   const cudaError_t result = real::cudaStreamBeginCapture()(stream, mode);
   if (result == cudaSuccess) poolshim::shim::capture_began(capture_key(stream, false));
   return result;
@@ -178,9 +180,11 @@ POOLSHIM_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream,
   return result;
 }
 
-POOLSHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(
-    cudaStream_t stream, cudaGraph_t graph, const cudaGraphNode_t* dependencies,
-    const cudaGraphEdgeData* dependencyData, size_t numDependencies, enum cudaStreamCaptureMode mode) {
+POOLSHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph,
+                                                          const cudaGraphNode_t* dependencies,
+                                                          const cudaGraphEdgeData* dependencyData,
+                                                          size_t numDependencies,
+                                                          enum cudaStreamCaptureMode mode) {
   const cudaError_t result = real::cudaStreamBeginCaptureToGraph()(
       stream, graph, dependencies, dependencyData, numDependencies, mode);
   if (result == cudaSuccess) poolshim::shim::capture_began(capture_key(stream, false));
@@ -189,7 +193,8 @@ POOLSHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(
 
 POOLSHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(
     cudaStream_t stream, cudaGraph_t graph, const cudaGraphNode_t* dependencies,
-    const cudaGraphEdgeData* dependencyData, size_t numDependencies, enum cudaStreamCaptureMode mode) {
+    const cudaGraphEdgeData* dependencyData, size_t numDependencies,
+    enum cudaStreamCaptureMode mode) {
   const cudaError_t result = real::cudaStreamBeginCaptureToGraph_ptsz()(
       stream, graph, dependencies, dependencyData, numDependencies, mode);
   if (result == cudaSuccess) poolshim::shim::capture_began(capture_key(stream, true));

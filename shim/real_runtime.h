@@ -17,30 +17,30 @@ decltype(cudaStreamEndCapture) cudaStreamEndCapture_ptsz;
 namespace poolshim::real {
 
 // X(name, the function whose type it has)
-#define POOLSHIM_RUNTIME_FUNCTIONS(X)                                    \
-  X(cudaMalloc, cudaMalloc)                                              \
-  X(cudaFree, cudaFree)                                                  \
-  X(cudaMallocAsync, cudaMallocAsync)                                    \
-  X(cudaMallocAsync_ptsz, cudaMallocAsync)                               \
-  X(cudaFreeAsync, cudaFreeAsync)                                        \
-  X(cudaFreeAsync_ptsz, cudaFreeAsync)                                   \
-  X(cudaGetDevice, cudaGetDevice)                                        \
-  X(cudaMemGetInfo, cudaMemGetInfo)                                      \
-  X(cudaDeviceReset, cudaDeviceReset)                                    \
-  X(cudaDeviceSetMemPool, cudaDeviceSetMemPool)                          \
-  X(cudaDeviceGetDefaultMemPool, cudaDeviceGetDefaultMemPool)            \
-  X(cudaStreamBeginCapture, cudaStreamBeginCapture)                      \
-  X(cudaStreamBeginCapture_ptsz, cudaStreamBeginCapture)                 \
-  X(cudaStreamBeginCaptureToGraph, cudaStreamBeginCaptureToGraph)        \
-  X(cudaStreamBeginCaptureToGraph_ptsz, cudaStreamBeginCaptureToGraph)   \
-  X(cudaStreamEndCapture, cudaStreamEndCapture)                          \
+#define POOLSHIM_RUNTIME_FUNCTIONS(X)                                  \
+  X(cudaMalloc, cudaMalloc)                                            \
+  X(cudaFree, cudaFree)                                                \
+  X(cudaMallocAsync, cudaMallocAsync)                                  \
+  X(cudaMallocAsync_ptsz, cudaMallocAsync)                             \
+  X(cudaFreeAsync, cudaFreeAsync)                                      \
+  X(cudaFreeAsync_ptsz, cudaFreeAsync)                                 \
+  X(cudaGetDevice, cudaGetDevice)                                      \
+  X(cudaMemGetInfo, cudaMemGetInfo)                                    \
+  X(cudaDeviceReset, cudaDeviceReset)                                  \
+  X(cudaDeviceSetMemPool, cudaDeviceSetMemPool)                        \
+  X(cudaDeviceGetDefaultMemPool, cudaDeviceGetDefaultMemPool)          \
+  X(cudaStreamBeginCapture, cudaStreamBeginCapture)                    \
+  X(cudaStreamBeginCapture_ptsz, cudaStreamBeginCapture)               \
+  X(cudaStreamBeginCaptureToGraph, cudaStreamBeginCaptureToGraph)      \
+  X(cudaStreamBeginCaptureToGraph_ptsz, cudaStreamBeginCaptureToGraph) \
+  X(cudaStreamEndCapture, cudaStreamEndCapture)                        \
   X(cudaStreamEndCapture_ptsz, cudaStreamEndCapture)
 
 enum class Function : int {
 #define POOLSHIM_RUNTIME_ENUM(name, type_of) name,
   POOLSHIM_RUNTIME_FUNCTIONS(POOLSHIM_RUNTIME_ENUM)
 #undef POOLSHIM_RUNTIME_ENUM
-  count
+      count
 };
 
 /// The real function's address, or `missing` when no loaded CUDA runtime defines it.
@@ -48,17 +48,19 @@ void* resolve(Function f, const char* name, void* missing);
 
 /// Stands in for a real function that cannot be found: the call fails the way a runtime
 /// without the entry point would (and the shim says so once).
-template <typename F> struct Missing;
-template <typename... Args> struct Missing<cudaError_t (*)(Args...)> {
+template <typename F>
+struct Missing;
+template <typename... Args>
+struct Missing<cudaError_t (*)(Args...)> {
   static cudaError_t call(Args...) { return cudaErrorSharedObjectSymbolNotFound; }
 };
 
 // real::cudaMalloc()(devPtr, size) calls the real cudaMalloc.
-#define POOLSHIM_RUNTIME_ACCESSOR(name, type_of)                                              \
-  inline decltype(&::type_of) name() {                                                        \
-    using Type = decltype(&::type_of);                                                        \
-    return reinterpret_cast<Type>(resolve(Function::name, #name,                              \
-                                          reinterpret_cast<void*>(&Missing<Type>::call)));    \
+#define POOLSHIM_RUNTIME_ACCESSOR(name, type_of)                                        \
+  inline decltype(&::type_of) name() {                                                  \
+    using Type = decltype(&::type_of);                                                  \
+    return reinterpret_cast<Type>(                                                      \
+        resolve(Function::name, #name, reinterpret_cast<void*>(&Missing<Type>::call))); \
   }
 POOLSHIM_RUNTIME_FUNCTIONS(POOLSHIM_RUNTIME_ACCESSOR)
 #undef POOLSHIM_RUNTIME_ACCESSOR

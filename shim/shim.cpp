@@ -103,7 +103,9 @@ ProcessInfo make_process_info(const Config& config) {
   return info;
 }
 
-void* dlsym_lookup(void* handle, const char* name) { return dlsym(handle, name); }
+void* dlsym_lookup(void* handle, const char* name) {
+  return dlsym(handle, name);
+}
 
 // Runs once, on the thread of the first call that reaches the core.
 void start() {
@@ -209,7 +211,8 @@ void init_state() {
   s.parsed = parse_config(environment_strings());
   if (s.parsed.config.strict && !s.parsed.warnings.empty()) {
     for (const auto& w : s.parsed.warnings) print_stderr("error: " + w);
-    print_stderr("error: POOLSHIM_STRICT is set and the configuration has problems; refusing to start");
+    print_stderr(
+        "error: POOLSHIM_STRICT is set and the configuration has problems; refusing to start");
     _exit(2);
   }
   g_state.store(&s, std::memory_order_release);
@@ -218,12 +221,16 @@ void init_state() {
   pthread_atfork(nullptr, nullptr, on_fork_child);
 }
 
-__attribute__((constructor)) void on_load() { state(); }
+__attribute__((constructor)) void on_load() {
+  state();
+}
 
 }  // namespace
 
 HookScope::HookScope() : outermost_(t_hook_depth++ == 0) {}
-HookScope::~HookScope() { --t_hook_depth; }
+HookScope::~HookScope() {
+  --t_hook_depth;
+}
 
 Router* router_for_call() {
   State& s = state();
@@ -243,7 +250,9 @@ Router* router_for_call() {
   return s.phase.load(std::memory_order_acquire) == kRunning ? s.router : nullptr;
 }
 
-bool captures_active() { return state().active_captures.load(std::memory_order_acquire) > 0; }
+bool captures_active() {
+  return state().active_captures.load(std::memory_order_acquire) > 0;
+}
 
 void capture_began(cudaStream_t stream) {
   State& s = state();
@@ -274,4 +283,6 @@ void capture_ended(cudaStream_t stream) {
 
 }  // namespace poolshim::shim
 
-POOLSHIM_EXPORT const char* poolshim_version() { return poolshim::poolshim_version_string(); }
+POOLSHIM_EXPORT const char* poolshim_version() {
+  return poolshim::poolshim_version_string();
+}

@@ -73,6 +73,10 @@ def one_log(tmp):
 @case
 def case_api_edges_match_native(tmp):
     native, shim = differential([program("api_edges")], tmp)
+    # The double answers as the real runtime did on an H200 (CUDA 13.0, driver 580), recorded
+    # in expected/api_edges.h200.txt by scripts/gpu-test: the CPU tests rest on real behaviour.
+    with open(os.path.join(HERE, "expected", "api_edges.h200.txt")) as f:
+        expect_equal(native.out, f.read(), "api_edges over the double vs. the H200 recording")
     # The cases must actually have run the paths they name.
     for line in ("oom_huge: cudaErrorMemoryAllocation last=cudaErrorMemoryAllocation cleared=cudaSuccess",
                  "oom_then_recover: held=12 big=cudaSuccess data_ok=1 last=cudaSuccess",

@@ -15,7 +15,8 @@ namespace {
 
 // Spins for about `ns` nanoseconds, then fills `out` with `value`: still running when the
 // host moves on, it writes late.
-__global__ void late_fill(std::uint32_t* out, size_t n, std::uint32_t value, unsigned long long ns) {
+__global__ void late_fill(std::uint32_t* out, size_t n, std::uint32_t value,
+                          unsigned long long ns) {
   if (threadIdx.x == 0 && blockIdx.x == 0) {
     unsigned long long start;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
@@ -23,26 +24,31 @@ __global__ void late_fill(std::uint32_t* out, size_t n, std::uint32_t value, uns
     while (now - start < ns) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
   }
   __syncthreads();
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
     out[i] = value;
   }
 }
 
 __global__ void fill(std::uint32_t* out, size_t n, std::uint32_t value) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
     out[i] = value;
   }
 }
 
-__global__ void count_not(const std::uint32_t* in, size_t n, std::uint32_t value, unsigned long long* bad) {
+__global__ void count_not(const std::uint32_t* in, size_t n, std::uint32_t value,
+                          unsigned long long* bad) {
   unsigned long long local = 0;
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
     local += in[i] != value;
   }
   if (local) atomicAdd(bad, local);
 }
 
-unsigned long long mismatches(const std::uint32_t* buf, size_t n, std::uint32_t value, cudaStream_t s) {
+unsigned long long mismatches(const std::uint32_t* buf, size_t n, std::uint32_t value,
+                              cudaStream_t s) {
   unsigned long long* bad = nullptr;
   CHECK_CUDA(cudaMallocHost(&bad, sizeof *bad));
   *bad = 0;
@@ -134,8 +140,9 @@ void sticky_error_after_fault() {
   const cudaError_t f = cudaFree(p);
   void* q = nullptr;
   const cudaError_t m = cudaMalloc(&q, 4096);
-  std::printf("sticky_error_after_fault: sync=%s free=%s malloc=%s last=%s\n", cudaGetErrorName(sync),
-              cudaGetErrorName(f), cudaGetErrorName(m), cudaGetErrorName(cudaGetLastError()));
+  std::printf("sticky_error_after_fault: sync=%s free=%s malloc=%s last=%s\n",
+              cudaGetErrorName(sync), cudaGetErrorName(f), cudaGetErrorName(m),
+              cudaGetErrorName(cudaGetLastError()));
 }
 
 }  // namespace

@@ -48,8 +48,20 @@ void roundtrip() {
 
 void many_sizes() {
   // Sizes around the pool's rounding and chunk boundaries.
-  const size_t sizes[] = {1, 255, 256, 257, 511, 512, 513, 4095, 4096, 65537, (2u << 20) - 1,
-                          2u << 20, (2u << 20) + 1, 5u << 20};
+  const size_t sizes[] = {1,
+                          255,
+                          256,
+                          257,
+                          511,
+                          512,
+                          513,
+                          4095,
+                          4096,
+                          65537,
+                          (2u << 20) - 1,
+                          2u << 20,
+                          (2u << 20) + 1,
+                          5u << 20};
   bool all_ok = true;
   std::vector<void*> ptrs;
   for (size_t s : sizes) {
@@ -209,8 +221,8 @@ void mixed_sync_async_free() {
   CHECK_CUDA(cudaMalloc(&b, 8192));
   const cudaError_t fb = cudaFreeAsync(b, nullptr);
   const cudaError_t sync = cudaDeviceSynchronize();
-  std::printf("mixed_sync_async_free: free_of_async=%s freeasync_of_sync=%s sync=%s\n",
-              name_of(fa), name_of(fb), name_of(sync));
+  std::printf("mixed_sync_async_free: free_of_async=%s freeasync_of_sync=%s sync=%s\n", name_of(fa),
+              name_of(fb), name_of(sync));
 }
 
 void device_reset_then_alloc() {

@@ -32,7 +32,9 @@ int main(int argc, char** argv) {
   auto alloc = [&](size_t n) {
     void* p = nullptr;
     CHECK_CUDA(async ? cudaMallocAsync(&p, n, stream) : cudaMalloc(&p, n));
-    if (touch) CHECK_CUDA(async ? cudaMemsetAsync(p, 1, n < 4096 ? n : 4096, stream) : cudaMemset(p, 1, n < 4096 ? n : 4096));
+    if (touch)
+      CHECK_CUDA(async ? cudaMemsetAsync(p, 1, n < 4096 ? n : 4096, stream)
+                       : cudaMemset(p, 1, n < 4096 ? n : 4096));
     return p;
   };
   auto release = [&](void* p) { CHECK_CUDA(async ? cudaFreeAsync(p, stream) : cudaFree(p)); };
@@ -57,7 +59,8 @@ int main(int argc, char** argv) {
     buffers[victim] = alloc(n);
   }
   if (async) CHECK_CUDA(cudaStreamSynchronize(stream));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (void* b : buffers) release(b);
   if (async) {
     CHECK_CUDA(cudaStreamSynchronize(stream));

@@ -71,7 +71,8 @@ int main(int argc, char** argv) {
       std::printf("step %4d checksum %016llx\n", t, static_cast<unsigned long long>(s));
     }
   }
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   std::printf("demo: %d steps, 8 allocations each, final checksum %016llx\n", steps,
               static_cast<unsigned long long>(total));
   std::fprintf(stderr, "demo: %.1f ms (%.3f ms per step)\n", ms, ms / steps);

@@ -13,7 +13,8 @@ int main() {
   }
   auto init = reinterpret_cast<decltype(&cuInit)>(dlsym(h, "cuInit"));
   auto get = reinterpret_cast<decltype(&cuDeviceGet)>(dlsym(h, "cuDeviceGet"));
-  auto retain = reinterpret_cast<decltype(&cuDevicePrimaryCtxRetain)>(dlsym(h, "cuDevicePrimaryCtxRetain"));
+  auto retain =
+      reinterpret_cast<decltype(&cuDevicePrimaryCtxRetain)>(dlsym(h, "cuDevicePrimaryCtxRetain"));
   auto set = reinterpret_cast<decltype(&cuCtxSetCurrent)>(dlsym(h, "cuCtxSetCurrent"));
   auto alloc = reinterpret_cast<decltype(&cuMemAlloc_v2)>(dlsym(h, "cuMemAlloc_v2"));
   auto release = reinterpret_cast<decltype(&cuMemFree_v2)>(dlsym(h, "cuMemFree_v2"));

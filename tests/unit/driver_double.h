@@ -25,7 +25,8 @@ class DriverDouble {
     REQUIRE(stats_ != nullptr);
     REQUIRE(calls_ != nullptr);
     reset_(devices, capacity);
-    const std::string error = api.load(POOLSHIM_DOUBLE_DRIVER, [](void* h, const char* n) { return dlsym(h, n); });
+    const std::string error =
+        api.load(POOLSHIM_DOUBLE_DRIVER, [](void* h, const char* n) { return dlsym(h, n); });
     REQUIRE(error.empty());
   }
   ~DriverDouble() { dlclose(handle_); }
@@ -33,7 +34,7 @@ class DriverDouble {
   DriverDouble& operator=(const DriverDouble&) = delete;
 
   struct cudadouble_device_stats device(int ordinal) const {
-    struct cudadouble_device_stats s{};
+    struct cudadouble_device_stats s {};
     REQUIRE(stats_(ordinal, &s) == 0);
     return s;
   }
@@ -47,7 +48,8 @@ class DriverDouble {
     REQUIRE(api.cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
     return ctx;
   }
-  template <typename F> F symbol(const char* name) const {
+  template <typename F>
+  F symbol(const char* name) const {
     auto f = reinterpret_cast<F>(dlsym(handle_, name));
     REQUIRE(f != nullptr);
     return f;
@@ -61,6 +63,5 @@ class DriverDouble {
   int (*stats_)(int, struct cudadouble_device_stats*) = nullptr;
   unsigned long long (*calls_)(const char*) = nullptr;
 };
-
 
 }  // namespace poolshim::testing

@@ -114,7 +114,9 @@ TEST_CASE("worker: start, sample and exit records with the pool's figures") {
   }
   CHECK(has(lines[4], "\"type\":\"exit\""));
   CHECK(has(lines[4], "\"pooled_allocs\":2"));
-  CHECK(has(lines[4], "\"leaks\":{\"count\":1,\"bytes\":3145728,\"largest\":[{\"device\":0,\"bytes\":3145728,"));
+  CHECK(has(
+      lines[4],
+      "\"leaks\":{\"count\":1,\"bytes\":3145728,\"largest\":[{\"device\":0,\"bytes\":3145728,"));
   CHECK(has(lines[4], "\"notes\":[\"a note\"]"));
   std::remove(path.c_str());
 }
@@ -139,7 +141,9 @@ TEST_CASE("worker: an OOM event becomes an oom record with verdict and hint") {
   CHECK(has(oom, "\"device\":0,\"request_bytes\":20971520,\"api\":\"cudaMalloc\""));
   CHECK(has(oom, "\"device_free\":16777216,\"device_total\":16777216"));
   CHECK(has(oom, "\"verdict\":\"exhausted\""));
-  CHECK(has(oom, "\"hint\":\"the request (20.0 MiB) is larger than the device (16.0 MiB): check the size computation\""));
+  CHECK(has(oom,
+            "\"hint\":\"the request (20.0 MiB) is larger than the device (16.0 MiB): check the "
+            "size computation\""));
   std::remove(path.c_str());
 }
 
@@ -156,15 +160,15 @@ TEST_CASE("worker: an idle pool is trimmed gradually down to the release thresho
   for (auto* b : blocks) router.free_sync(b, 0, never_called);
   REQUIRE(router.snapshot(0).pool.reserved == 16 * MiB);
   const std::uint64_t t0 = now_ns();
-  worker.tick(t0);                        // notes the activity
-  worker.tick(t0 + 500000000ULL);         // idle for 0.5 s: nothing yet
+  worker.tick(t0);                 // notes the activity
+  worker.tick(t0 + 500000000ULL);  // idle for 0.5 s: nothing yet
   CHECK(router.snapshot(0).pool.reserved == 16 * MiB);
-  worker.tick(t0 + 1100000000ULL);        // idle for 1.1 s: keep used + half the excess (8 MiB)
+  worker.tick(t0 + 1100000000ULL);  // idle for 1.1 s: keep used + half the excess (8 MiB)
   DeviceSnapshot s = router.snapshot(0);
-  CHECK(s.pool.reserved == 4 * MiB);      // chunks go newest first while reserved >= 8 MiB
+  CHECK(s.pool.reserved == 4 * MiB);  // chunks go newest first while reserved >= 8 MiB
   CHECK(s.stats.idle_trims == 1);
   CHECK(s.stats.idle_trimmed_bytes == 12 * MiB);
-  worker.tick(t0 + 1350000000ULL);        // 4 MiB excess, under the step floor: trim to 0
+  worker.tick(t0 + 1350000000ULL);  // 4 MiB excess, under the step floor: trim to 0
   s = router.snapshot(0);
   CHECK(s.pool.reserved == 0);
   CHECK(s.stats.idle_trims == 2);

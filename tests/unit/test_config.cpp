@@ -45,9 +45,8 @@ TEST_CASE("config: variables set options and record where they came from") {
 }
 
 TEST_CASE("config: POOLSHIM_CONF sets options; a variable wins over it") {
-  const ParsedConfig p =
-      parse_config({"POOLSHIM_CONF=sample_ms=100, verbose=yes,release_threshold=10%",
-                    "POOLSHIM_SAMPLE_MS=300"});
+  const ParsedConfig p = parse_config(
+      {"POOLSHIM_CONF=sample_ms=100, verbose=yes,release_threshold=10%", "POOLSHIM_SAMPLE_MS=300"});
   CHECK(p.warnings.empty());
   CHECK(p.config.sample_ms == 300);
   CHECK(p.config.sources[index_of("sample_ms")] == Source::environment);
@@ -57,7 +56,8 @@ TEST_CASE("config: POOLSHIM_CONF sets options; a variable wins over it") {
   CHECK(p.config.release_threshold.percent == 10.0);
 }
 
-TEST_CASE("config: a bad value keeps the default with a warning naming variable, value and default") {
+TEST_CASE(
+    "config: a bad value keeps the default with a warning naming variable, value and default") {
   const ParsedConfig p = parse_config({"POOLSHIM_SAMPLE_MS=soon"});
   REQUIRE(p.warnings.size() == 1);
   CHECK(p.warnings[0] ==
@@ -70,17 +70,21 @@ TEST_CASE("config: a bad value keeps the default with a warning naming variable,
 TEST_CASE("config: a bad value in POOLSHIM_CONF names the key") {
   const ParsedConfig p = parse_config({"POOLSHIM_CONF=free=lazy"});
   REQUIRE(p.warnings.size() == 1);
-  CHECK(p.warnings[0] == "POOLSHIM_CONF free=\"lazy\" is not one of sync; using sync (the default)");
+  CHECK(p.warnings[0] ==
+        "POOLSHIM_CONF free=\"lazy\" is not one of sync; using sync (the default)");
 }
 
 TEST_CASE("config: unknown names are reported with the nearest option") {
   const ParsedConfig p =
       parse_config({"POOLSHIM_RELEASE_TRESHOLD=1G", "POOLSHIM_CONF=sampel_ms=5,zzzz=1,novalue"});
   REQUIRE(p.warnings.size() == 4);
-  CHECK(p.warnings[0] == "POOLSHIM_CONF: \"sampel_ms\" is not a poolshim option (did you mean sample_ms?); ignored");
+  CHECK(p.warnings[0] ==
+        "POOLSHIM_CONF: \"sampel_ms\" is not a poolshim option (did you mean sample_ms?); ignored");
   CHECK(p.warnings[1] == "POOLSHIM_CONF: \"zzzz\" is not a poolshim option; ignored");
   CHECK(p.warnings[2] == "POOLSHIM_CONF: \"novalue\" is not key=value; ignored");
-  CHECK(p.warnings[3] == "POOLSHIM_RELEASE_TRESHOLD is not a poolshim option (did you mean POOLSHIM_RELEASE_THRESHOLD?); ignored");
+  CHECK(p.warnings[3] ==
+        "POOLSHIM_RELEASE_TRESHOLD is not a poolshim option (did you mean "
+        "POOLSHIM_RELEASE_THRESHOLD?); ignored");
 }
 
 TEST_CASE("config: log path escapes are checked") {

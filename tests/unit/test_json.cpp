@@ -20,5 +20,7 @@ TEST_CASE("json: objects keep key order; non-finite numbers are null") {
   JsonObject o;
   o.add("a", std::uint64_t{18446744073709551615ULL}).add("b", -3).add("c", 0.25).add("d", true);
   o.add("e", std::nan("")).add_raw("f", "[1,2]").add_null("g");
-  CHECK(o.str() == "{\"a\":18446744073709551615,\"b\":-3,\"c\":0.25,\"d\":true,\"e\":null,\"f\":[1,2],\"g\":null}");
+  CHECK(o.str() ==
+        "{\"a\":18446744073709551615,\"b\":-3,\"c\":0.25,\"d\":true,\"e\":null,\"f\":[1,2],\"g\":"
+        "null}");
 }

@@ -70,10 +70,24 @@ TEST_CASE("README: the option table lists every option with the code's default a
 
 TEST_CASE("README: the log schema names every counter and gauge of a sample") {
   const std::string schema = readme_section("schema");
-  std::vector<std::string> fields = {"schema", "type", "t", "pid", "device", "reserved_bytes",
-                                     "reserved_bytes_peak", "used_bytes", "used_bytes_peak",
-                                     "pool_slack", "rounding_waste", "device_free", "device_total",
-                                     "size_histogram", "pooled_allocs", "leaks", "verdict", "hint"};
+  std::vector<std::string> fields = {"schema",
+                                     "type",
+                                     "t",
+                                     "pid",
+                                     "device",
+                                     "reserved_bytes",
+                                     "reserved_bytes_peak",
+                                     "used_bytes",
+                                     "used_bytes_peak",
+                                     "pool_slack",
+                                     "rounding_waste",
+                                     "device_free",
+                                     "device_total",
+                                     "size_histogram",
+                                     "pooled_allocs",
+                                     "leaks",
+                                     "verdict",
+                                     "hint"};
 #define POOLSHIM_README_COUNTER(name, meaning) fields.push_back(#name);
   POOLSHIM_COUNTERS(POOLSHIM_README_COUNTER)
 #undef POOLSHIM_README_COUNTER

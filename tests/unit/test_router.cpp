@@ -153,14 +153,18 @@ TEST_CASE("router: with oom_retry off the real function's OOM stands, counted as
   REQUIRE(e.size() == 1);
   REQUIRE(e[0].kind == Event::Kind::oom);
   CHECK(e[0].oom.request == 6 * MiB);
-  CHECK(e[0].oom.reserved == 16 * MiB);
+  CHECK(e[0].oom.reserved == 16 * MiB);  // the state at the failure
   CHECK(e[0].oom.used == 0);
   CHECK(e[0].oom.device_total == 16 * MiB);
   CHECK(e[0].oom.device_free == 0);
+  CHECK(e[0].oom.released_after == 16 * MiB);  // given back before the real call
   CHECK_FALSE(e[0].oom.retried);
+  CHECK(router.snapshot(0).pool.reserved == 0);
 }
 
-TEST_CASE("router: a request no trim could satisfy fails natively and keeps the pool's cache") {
+TEST_CASE(
+    "router: a request no trim could satisfy fails natively, without a retry, and the pool gives "
+    "its unused memory back") {
   DriverDouble d(1, 16 * MiB);
   Config config = test_config();
   EventQueue events;
@@ -175,13 +179,17 @@ TEST_CASE("router: a request no trim could satisfy fails natively and keeps the 
   CHECK(oom.calls == 1);
   const DeviceSnapshot s = router.snapshot(0);
   CHECK(s.stats.oom_retries == 0);
-  CHECK(s.pool.reserved == 2 * MiB);
+  CHECK(d.calls("cuCtxSynchronize") == 1);  // the free's; no synchronize-and-retry
+  CHECK(s.pool.reserved == 0);              // the real cudaMalloc gets the cached memory
   CHECK(s.stats.ooms == 1);
   CHECK(s.stats.oom_with_slack == 0);
   const auto e = drain(events);
   REQUIRE(e.size() == 1);
   CHECK(e[0].oom.request == 1ULL << 40);
   CHECK(e[0].oom.live_count == 0);
+  CHECK(e[0].oom.reserved == 2 * MiB);
+  CHECK(e[0].oom.device_free == 14 * MiB);
+  CHECK(e[0].oom.released_after == 2 * MiB);
 }
 
 TEST_CASE("router: an allocation the pool cannot serve but the real function can is a fallback") {

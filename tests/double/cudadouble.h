@@ -1,0 +1,76 @@
+/* Control API of the CUDA driver test double (libcuda.so.1 in ${CMAKE_BINARY_DIR}/double).
+ *
+ * The double simulates devices in host memory so that the pool core, the shim and unmodified
+ * test programs can run on a machine without a GPU. Tests use these functions to start from a
+ * known state and to observe what the simulated driver holds. They are exported by the driver
+ * double only; the runtime double reaches the driver the way the real runtime does and never
+ * calls them.
+ *
+ * Simulated memory model (what the exact figures in tests rely on):
+ * - A device's consumption is the sum of its plain allocations (cuMemAlloc, each rounded up to
+ *   512 bytes) and the reserved bytes of all its memory pools. A request that would take it
+ *   over the capacity fails with CUDA_ERROR_OUT_OF_MEMORY and changes nothing.
+ * - A pool allocation of n bytes uses round_up(n, 512) bytes. When nothing fits, the pool
+ *   reserves a chunk of round_up(max(used_size, 2 MiB), 2 MiB) bytes. Blocks never span chunks.
+ * - Placement for an allocation on stream s: first a pending free of s (first fit), then a free
+ *   range (first fit), then a new chunk. First fit scans chunks in creation order and each
+ *   chunk's ranges in address order. Free ranges coalesce; pending frees do not.
+ * - cuMemFreeAsync(p, s) leaves a pending free tagged with s. It becomes free when s or the
+ *   device's context is synchronized, or at cuMemPoolTrimTo.
+ * - After a stream or context synchronization, each pool of the device releases its fully
+ *   free chunks, newest first, while reserved - chunk size >= release threshold.
+ * - cuMemPoolTrimTo settles the pool's pending frees, then releases fully free chunks, newest
+ *   first, while reserved >= minBytesToKeep. Destroying a stream settles its pending frees
+ *   without a release pass.
+ * - The last cuDevicePrimaryCtxRelease of a device, like cuDevicePrimaryCtxReset, frees its
+ *   plain allocations, pools, streams and events and empties its default pool.
+ * - Stream capture follows cuThreadExchangeStreamCaptureMode: a thread in GLOBAL mode may not
+ *   call cuMemAlloc, cuMemFree (non-null) or cuCtxSynchronize during its own non-relaxed
+ *   capture or another thread's GLOBAL capture; in THREAD_LOCAL mode only its own counts; in
+ *   RELAXED mode nothing does. The call fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and
+ *   invalidates those captures.
+ */
+#ifndef POOLSHIM_TESTS_DOUBLE_CUDADOUBLE_H
+#define POOLSHIM_TESTS_DOUBLE_CUDADOUBLE_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CUDADOUBLE_EXPORT __attribute__((visibility("default")))
+
+/* What the double holds for one device. */
+struct cudadouble_device_stats {
+  size_t consumption;        /* plain_bytes + reserved bytes of every pool of the device */
+  size_t capacity;           /* bytes the device can hold */
+  size_t plain_count;        /* live cuMemAlloc allocations */
+  size_t plain_bytes;        /* their sizes, each rounded up to 512 bytes */
+  size_t pool_count;         /* app-created pools not yet destroyed (the default pool excluded) */
+  size_t pending_free_count; /* cuMemFreeAsync ranges not yet synchronized, in all its pools */
+};
+
+/* The function below shares the struct's name, so C++ must spell the type `struct ...`;
+ * this alias avoids that. */
+typedef struct cudadouble_device_stats cudadouble_device_stats_t;
+
+/* Forgets everything (allocations, pools, streams, events, contexts, captures, call counts)
+ * and starts over with `devices` devices (clamped to 1..8) of `capacity_per_device` bytes.
+ * cuInit must be called again afterwards. Overrides CUDADOUBLE_DEVICES and CUDADOUBLE_MEM. */
+CUDADOUBLE_EXPORT void cudadouble_reset(int devices, size_t capacity_per_device);
+
+/* Fills *out for `device`. Returns 0, or -1 for a bad ordinal or a null `out`.
+ * Does not need cuInit. */
+CUDADOUBLE_EXPORT int cudadouble_device_stats(int device, struct cudadouble_device_stats* out);
+
+/* How many times the driver entry point exported as `name` (e.g. "cuMemAlloc_v2",
+ * "cuMemAllocAsync_ptsz", "cuGetProcAddress_v2") was called since the last reset or load.
+ * 0 for a name the double does not export. */
+CUDADOUBLE_EXPORT unsigned long long cudadouble_call_count(const char* name);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* POOLSHIM_TESTS_DOUBLE_CUDADOUBLE_H */
