@@ -82,6 +82,10 @@ def fmt_bytes(n):
     return f"{int(n)} B" if unit == 0 else f"{value:.1f} {units[unit]}"
 
 
+def plural(n, word):
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def fmt_share(x):
     return "?" if x is None else f"{100 * x:.1f}%"
 
@@ -142,7 +146,7 @@ def summary_text(path, records):
             leaks = ex["leaks"]
             if leaks["count"]:
                 big = leaks["largest"][0]
-                lines.append(f"  leaks at exit: {leaks['count']} allocations, {fmt_bytes(leaks['bytes'])} "
+                lines.append(f"  leaks at exit: {plural(leaks['count'], 'allocation')}, {fmt_bytes(leaks['bytes'])} "
                              f"(largest {fmt_bytes(big['bytes'])} on device {big['device']}, age {big['age_s']:.1f} s)")
             else:
                 lines.append("  leaks at exit: none")
