@@ -33,7 +33,7 @@ BackgroundWorker::BackgroundWorker(Router& router, EventQueue& events, ProcessIn
       startup_warnings_(std::move(startup_warnings)) {}
 
 BackgroundWorker::~BackgroundWorker() {
-  if (thread_.joinable()) finish({});
+  if (thread_.joinable()) finish(ExitExtras{});
 }
 
 void BackgroundWorker::start() {
@@ -43,12 +43,12 @@ void BackgroundWorker::start() {
   thread_ = std::thread([this] { run(); });
 }
 
-void BackgroundWorker::finish(std::vector<std::string> notes) {
+void BackgroundWorker::finish(ExitExtras extras) {
   {
     std::lock_guard<std::mutex> lock(finish_mutex_);
     if (finished_) return;
     finished_ = true;
-    exit_notes_ = std::move(notes);
+    exit_extras_ = std::move(extras);
     if (!started_) return;
   }
   events_.request_stop();
@@ -136,7 +136,7 @@ void BackgroundWorker::tick(std::uint64_t now) {
   }
 }
 
-void BackgroundWorker::end(const std::vector<std::string>& notes) {
+void BackgroundWorker::end(const ExitExtras& extras) {
   write_events();
   ExitSummary summary;
   const std::uint64_t now = now_ns();
@@ -147,7 +147,7 @@ void BackgroundWorker::end(const std::vector<std::string>& notes) {
   summary.live = router_.live_allocations();
   summary.now_ns = coarse_now_ns();
   summary.events_dropped = events_.dropped();
-  summary.notes = notes;
+  summary.extras = extras;
   write(exit_record(t(now_ns()), info_.pid, summary));
   router_.set_oom_record_wait(std::chrono::milliseconds(0));
   log_.close();
@@ -162,12 +162,12 @@ void BackgroundWorker::run() {
     if (stop) break;
     tick(now_ns());
   }
-  std::vector<std::string> notes;
+  ExitExtras extras;
   {
     std::lock_guard<std::mutex> lock(finish_mutex_);
-    notes = exit_notes_;
+    extras = exit_extras_;
   }
-  end(notes);
+  end(extras);
 }
 
 }  // namespace poolshim

@@ -30,14 +30,14 @@ class BackgroundWorker {
   void start();
   /// Writes the final samples and the `exit` record (with `notes`), then ends the thread.
   /// Safe to call more than once and without start() (then nothing is written).
-  void finish(std::vector<std::string> notes);
+  void finish(ExitExtras extras);
 
   /// Runs one round of work at monotonic time `now_ns` (for tests; the thread calls it too).
   void tick(std::uint64_t now_ns);
   /// Opens the log and writes the start record (for tests; the thread calls it first).
   void begin();
   /// Final records (for tests; finish() calls it on the thread).
-  void end(const std::vector<std::string>& notes);
+  void end(const ExitExtras& extras);
   const ProcessInfo& info() const { return info_; }
 
  private:
@@ -54,7 +54,7 @@ class BackgroundWorker {
   LogFile log_;
   std::thread thread_;
   std::mutex finish_mutex_;
-  std::vector<std::string> exit_notes_;
+  ExitExtras exit_extras_;
   bool started_ = false;
   bool finished_ = false;
   std::uint64_t next_sample_ns_ = 0;

@@ -39,7 +39,8 @@ namespace poolshim {
     "stream's free in order to reuse its block.")                                                  \
   X(free, Choice, "sync",                                                                          \
     "cudaFree mode. sync: synchronize the device, then return the block to the pool (native "      \
-    "ordering).")                                                                                  \
+    "ordering). ordered: no host stall; the block is freed in stream order after the work of "     \
+    "every stream of the device (sync where that cannot be proven).")                              \
   X(oom_retry, Bool, "1",                                                                          \
     "On out-of-memory, synchronize, trim the pool's unused memory and retry once.")                \
   X(verbose, Bool, "0",                                                                            \

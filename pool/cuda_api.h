@@ -28,6 +28,12 @@ namespace poolshim {
   X(cuCtxPopCurrent_v2)              \
   X(cuCtxSynchronize)                \
   X(cuCtxGetDevice)                  \
+  X(cuDevicePrimaryCtxGetState)      \
+  X(cuEventCreate)                   \
+  X(cuEventRecord)                   \
+  X(cuEventDestroy_v2)               \
+  X(cuStreamWaitEvent)               \
+  X(cuStreamGetCtx)                  \
   X(cuStreamCreate)                  \
   X(cuStreamDestroy_v2)              \
   X(cuStreamSynchronize)             \

@@ -37,13 +37,14 @@ std::unique_ptr<DevicePool> DevicePool::create(const DriverApi& driver, int ordi
     *error = failure(driver, "cuCtxPushCurrent", r);
     return nullptr;
   }
-  // Non-blocking, so that the legacy default stream does not serialize with our private one.
+  // Non-blocking, so that the legacy default stream does not serialize with our own streams.
   r = driver.cuStreamCreate(&p->stream_, CU_STREAM_NON_BLOCKING);
+  if (r == CUDA_SUCCESS) r = driver.cuStreamCreate(&p->free_stream_, CU_STREAM_NON_BLOCKING);
+  if (r == CUDA_SUCCESS) r = driver.cuEventCreate(&p->legacy_event_, CU_EVENT_DISABLE_TIMING);
   CUcontext popped = nullptr;
   driver.cuCtxPopCurrent_v2(&popped);
   if (r != CUDA_SUCCESS) {
-    p->stream_ = nullptr;
-    *error = failure(driver, "cuStreamCreate", r);
+    *error = failure(driver, "creating the pool's streams and event", r);
     return nullptr;
   }
 
@@ -92,9 +93,13 @@ void DevicePool::release() {
   // reset that follows); see cuMemPoolDestroy.
   if (pool_ != nullptr) driver_.cuMemPoolDestroy(pool_);
   if (stream_ != nullptr) driver_.cuStreamDestroy_v2(stream_);
+  if (free_stream_ != nullptr) driver_.cuStreamDestroy_v2(free_stream_);
+  if (legacy_event_ != nullptr) driver_.cuEventDestroy_v2(legacy_event_);
   if (retained_) driver_.cuDevicePrimaryCtxRelease_v2(device_);
   pool_ = nullptr;
   stream_ = nullptr;
+  free_stream_ = nullptr;
+  legacy_event_ = nullptr;
   retained_ = false;
 }
 

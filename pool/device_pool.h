@@ -44,6 +44,11 @@ class DevicePool {
   int ordinal() const { return ordinal_; }
   CUmemoryPool handle() const { return pool_; }
   CUstream stream() const { return stream_; }
+  /// Where `ordered` frees are enqueued, behind waits on the application's streams. Apart
+  /// from stream(), so that cudaMalloc's wait for its own stream never waits for them.
+  CUstream free_stream() const { return free_stream_; }
+  /// Recorded on the legacy default stream by `ordered` frees.
+  CUevent legacy_event() const { return legacy_event_; }
   CUcontext context() const { return context_; }
   std::uint64_t device_total() const { return device_total_; }
 
@@ -64,6 +69,8 @@ class DevicePool {
   CUdevice device_ = 0;
   CUcontext context_ = nullptr;
   CUstream stream_ = nullptr;
+  CUstream free_stream_ = nullptr;
+  CUevent legacy_event_ = nullptr;
   CUmemoryPool pool_ = nullptr;
   std::uint64_t device_total_ = 0;
   bool retained_ = false;

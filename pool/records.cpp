@@ -197,8 +197,11 @@ std::string exit_record(double t, int pid, const ExitSummary& summary) {
   leaks.add_raw("largest", json_array(rows));
   o.add_raw("leaks", leaks.str());
   o.add("events_dropped", summary.events_dropped);
+  JsonObject paths;
+  for (const auto& [name, count] : summary.extras.paths) paths.add(name, count);
+  o.add_raw("paths", paths.str());
   std::vector<std::string> notes;
-  for (const auto& n : summary.notes) notes.push_back(json_string(n));
+  for (const auto& n : summary.extras.notes) notes.push_back(json_string(n));
   o.add_raw("notes", json_array(notes));
   return o.str();
 }

@@ -37,12 +37,18 @@ std::string sample_record(double t, int pid, const DeviceSnapshot& snap);
 std::string warning_record(double t, int pid, std::string_view text);
 std::string oom_record(double t, int pid, const OomReport& report);
 
+/// What the shim adds to the exit record: notes, and how many calls each way in caught.
+struct ExitExtras {
+  std::vector<std::string> notes;
+  std::vector<std::pair<std::string, std::uint64_t>> paths;
+};
+
 struct ExitSummary {
   std::vector<DeviceSnapshot> devices;
   std::vector<LiveAllocation> live;  // the leaks: pooled allocations still live at exit
   std::uint64_t now_ns = 0;          // coarse monotonic, to age the leaks
   std::uint64_t events_dropped = 0;
-  std::vector<std::string> notes;
+  ExitExtras extras;
 };
 std::string exit_record(double t, int pid, const ExitSummary& summary);
 

@@ -46,6 +46,8 @@ Router::Router(const DriverApi& driver, const Config& config, EventQueue& events
   settings_.reuse_follow_event_deps = config.reuse_follow_event_deps;
   settings_.reuse_opportunistic = config.reuse_opportunistic;
   settings_.reuse_internal_deps = config.reuse_internal_deps;
+  ordered_mode_ = config.free == "ordered";
+  if (driver_.cuDeviceGetCount(&device_count_) != CUDA_SUCCESS) device_count_ = 0;
 }
 
 Router::~Router() = default;
@@ -190,12 +192,12 @@ void Router::decline_allocation(DevicePool& pool, std::size_t bytes, CUstream st
   if (wait_ms > 0) events_.wait_written(ticket, std::chrono::milliseconds(wait_ms));
 }
 
-void Router::allocate_sync(int device, std::size_t bytes, void** out, Fallback real) {
+bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Fallback real) {
   DevicePool* pool = pool_for(device);
   if (pool == nullptr || !adopt_context(*pool)) {
     note_passthrough_alloc(device);
     real();
-    return;
+    return false;
   }
   CUdeviceptr ptr = 0;
   CUresult r = allocate_with_retry(*pool, bytes, pool->stream(), &ptr);
@@ -207,34 +209,36 @@ void Router::allocate_sync(int device, std::size_t bytes, void** out, Fallback r
   }
   if (r != CUDA_SUCCESS) {
     decline_allocation(*pool, bytes, nullptr, false, r, real);
-    return;
+    return false;
   }
   table_.insert(ptr, Allocation{bytes, coarse_now_ns(), 0, device, 0});
   stats(device).on_alloc(bytes);
-  *out = reinterpret_cast<void*>(ptr);
+  *out = ptr;
+  return true;
 }
 
-void Router::allocate_async(int device, std::size_t bytes, CUstream stream, void** out,
+bool Router::allocate_async(int device, std::size_t bytes, CUstream stream, CUdeviceptr* out,
                             Fallback real) {
   DevicePool* pool = app_pool(device) ? nullptr : pool_for(device);
   // A named stream carries its own context; the default streams need the right one current.
   if (pool == nullptr || (is_default_stream(stream) && !adopt_context(*pool))) {
     note_passthrough_alloc(device);
     real();
-    return;
+    return false;
   }
   CUdeviceptr ptr = 0;
   const CUresult r = allocate_with_retry(*pool, bytes, stream, &ptr);
   if (r != CUDA_SUCCESS) {
     decline_allocation(*pool, bytes, stream, true, r, real);
-    return;
+    return false;
   }
   table_.insert(ptr, Allocation{bytes, coarse_now_ns(), reinterpret_cast<std::uintptr_t>(stream),
                                 device, Allocation::kAsync});
   DeviceStats& s = stats(device);
   s.on_alloc(bytes);
   s.bump(s.async_allocs);
-  *out = reinterpret_cast<void*>(ptr);
+  *out = ptr;
+  return true;
 }
 
 CUresult Router::synchronize_for_free(const DevicePool& pool) const {
@@ -268,6 +272,13 @@ void Router::free_sync(void* ptr, int caller_device, Fallback real) {
     return;
   }
   DevicePool* pool = existing_pool(a->device);
+  if (pool != nullptr && ordered_mode_ && ordered_free_possible(*pool) &&
+      free_ordered(*pool, key) == CUDA_SUCCESS) {
+    DeviceStats& s = stats(a->device);
+    s.on_free(a->requested);
+    s.bump(s.ordered_frees);
+    return;
+  }
   // Native cudaFree waits for the device: no work enqueued before it may still touch the block.
   CUresult r = pool != nullptr ? synchronize_for_free(*pool) : CUDA_ERROR_INVALID_CONTEXT;
   if (r == CUDA_SUCCESS) r = driver_.cuMemFreeAsync(key, pool->stream());
@@ -277,6 +288,70 @@ void Router::free_sync(void* ptr, int caller_device, Fallback real) {
     return;
   }
   stats(a->device).on_free(a->requested);
+}
+
+bool Router::ordered_free_possible(const DevicePool& pool) const {
+  const auto refuse = [this](const char* why) {
+    if (!warned_ordered_fallback_.exchange(true, std::memory_order_relaxed)) {
+      events_.push_warning(std::string("free mode ordered: ") + why +
+                           "; such frees synchronize the device as in mode sync");
+    }
+    return false;
+  };
+  if (registry_ == nullptr || !registry_->observed()) {
+    return refuse("the application's stream creation was not seen by the shim");
+  }
+  if (registry_->foreign_context()) return refuse("the application created contexts of its own");
+  // Work of another device's context can reach this block (peer access, peer copies): the
+  // order of one device's streams proves nothing for it.
+  for (int d = 0; d < device_count_; ++d) {
+    if (d == pool.ordinal()) continue;
+    unsigned int flags = 0;
+    int active = 0;
+    if (driver_.cuDevicePrimaryCtxGetState(d, &flags, &active) != CUDA_SUCCESS || active != 0) {
+      return refuse("more than one device is in use");
+    }
+  }
+  return true;
+}
+
+CUresult Router::free_ordered(DevicePool& pool, CUdeviceptr ptr) {
+  ScopedContext ctx(driver_, pool.context());
+  // An event recorded on the legacy default stream completes after the earlier work of every
+  // blocking stream of the context (legacy stream semantics); non-blocking streams each need
+  // their own event. The free stream waits for all of them, the application's streams for
+  // nothing: no host stall, no new ordering between the application's streams.
+  CUresult r = driver_.cuEventRecord(pool.legacy_event(), CU_STREAM_LEGACY);
+  if (r == CUDA_SUCCESS) r = driver_.cuStreamWaitEvent(pool.free_stream(), pool.legacy_event(), 0);
+  registry_->for_each(pool.ordinal(), [&](StreamRegistry::Entry& e) {
+    if (r != CUDA_SUCCESS) return;
+    if (e.event == nullptr) r = driver_.cuEventCreate(&e.event, CU_EVENT_DISABLE_TIMING);
+    if (r == CUDA_SUCCESS) r = driver_.cuEventRecord(e.event, e.stream);
+    if (r == CUDA_SUCCESS) r = driver_.cuStreamWaitEvent(pool.free_stream(), e.event, 0);
+  });
+  if (r != CUDA_SUCCESS) return r;
+  return driver_.cuMemFreeAsync(ptr, pool.free_stream());
+}
+
+void Router::before_stream_destroy(const StreamRegistry::Entry& entry) {
+  DevicePool* pool = existing_pool(entry.device);
+  if (pool == nullptr || !ordered_mode_) {
+    if (entry.event != nullptr) driver_.cuEventDestroy_v2(entry.event);
+    return;
+  }
+  // Work still queued on the stream may touch blocks that are freed later, when the stream is
+  // no longer listed: make the free stream wait for it now.
+  ScopedContext ctx(driver_, pool->context());
+  CUevent event = entry.event;
+  if (event == nullptr && driver_.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+    event = nullptr;
+  }
+  if (event != nullptr) {
+    if (driver_.cuEventRecord(event, entry.stream) == CUDA_SUCCESS) {
+      driver_.cuStreamWaitEvent(pool->free_stream(), event, 0);
+    }
+    driver_.cuEventDestroy_v2(event);  // released by the driver once the wait is done
+  }
 }
 
 void Router::free_async(void* ptr, CUstream stream, Fallback real) {
@@ -326,6 +401,10 @@ void Router::free_unrouted(void* ptr, int caller_device, Fallback real) {
 
 void Router::note_passthrough_alloc(int device) {
   if (valid_device(device)) stats(device).bump(stats(device).passthrough_allocs);
+}
+
+void Router::note_app_pool_alloc(int device) {
+  if (valid_device(device)) stats(device).bump(stats(device).app_pool_allocs);
 }
 
 std::uint64_t Router::unused_bytes(int device) const {

@@ -22,6 +22,7 @@
 #include "events.h"
 #include "function_ref.h"
 #include "stats.h"
+#include "stream_registry.h"
 
 namespace poolshim {
 
@@ -60,10 +61,12 @@ class Router {
   Router& operator=(const Router&) = delete;
 
   // ---- called by hooks ----------------------------------------------------------------
-  /// cudaMalloc: `bytes` (> 0) on `device`, usable from any stream once this returns.
-  void allocate_sync(int device, std::size_t bytes, void** out, Fallback real);
-  /// cudaMallocAsync: `bytes` (> 0) from `device`'s pool in `stream`'s order.
-  void allocate_async(int device, std::size_t bytes, CUstream stream, void** out, Fallback real);
+  /// cudaMalloc: `bytes` (> 0) on `device`, usable from any stream once this returns. True
+  /// when the pool served it (*out set); false when `real` was called instead.
+  bool allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Fallback real);
+  /// cudaMallocAsync: `bytes` (> 0) from `device`'s pool in `stream`'s order; as above.
+  bool allocate_async(int device, std::size_t bytes, CUstream stream, CUdeviceptr* out,
+                      Fallback real);
   /// cudaFree of a non-null pointer: synchronize, then return the block to its pool.
   /// `caller_device` (the runtime's current device) is where a foreign pointer is counted.
   void free_sync(void* ptr, int caller_device, Fallback real);
@@ -79,6 +82,14 @@ class Router {
   void free_unrouted(void* ptr, int caller_device, Fallback real);
   /// An allocation call passed straight to the real function.
   void note_passthrough_alloc(int device);
+  /// An allocation from the application's own pool (cuMemAllocFromPoolAsync), passed through.
+  void note_app_pool_alloc(int device);
+  /// The streams `ordered` frees wait for (owned by the shim, which sees streams being made
+  /// before the core starts). Without one, every free is a `sync` free.
+  void set_stream_registry(StreamRegistry* registry) { registry_ = registry; }
+  /// Before a registered non-blocking stream is destroyed: blocks freed later in `ordered`
+  /// mode must still wait for the work it holds.
+  void before_stream_destroy(const StreamRegistry::Entry& entry);
   /// Memory the device's pool holds but has not handed out (counted as free by cudaMemGetInfo).
   std::uint64_t unused_bytes(int device) const;
   /// Before cudaDeviceReset(device): the pool and every table entry of the device go away.
@@ -117,6 +128,11 @@ class Router {
   bool adopt_context(const DevicePool& pool);
   /// Synchronizes `pool`'s context and the caller's current context (cudaFree semantics).
   CUresult synchronize_for_free(const DevicePool& pool) const;
+  /// Whether an `ordered` free of `pool`'s block can be proven safe (DESIGN §3).
+  bool ordered_free_possible(const DevicePool& pool) const;
+  /// Enqueues the free on the pool's free stream behind the legacy default stream and every
+  /// registered non-blocking stream of the device. No host stall.
+  CUresult free_ordered(DevicePool& pool, CUdeviceptr ptr);
   /// One allocation attempt, with the trim-and-retry of DESIGN §3 on out-of-memory.
   CUresult allocate_with_retry(DevicePool& pool, std::size_t bytes, CUstream stream,
                                CUdeviceptr* out);
@@ -134,6 +150,9 @@ class Router {
   const Config& config_;
   EventQueue& events_;
   PoolSettings settings_;
+  StreamRegistry* registry_ = nullptr;
+  bool ordered_mode_ = false;
+  int device_count_ = 0;
   std::atomic<long long> oom_record_wait_ms_{0};
 
   std::array<std::atomic<DevicePool*>, kMaxDevices> pools_{};
@@ -150,6 +169,7 @@ class Router {
   std::atomic<bool> warned_pool_failure_{false};
   std::atomic<bool> warned_bad_device_{false};
   std::atomic<bool> warned_fallback_{false};
+  mutable std::atomic<bool> warned_ordered_fallback_{false};
 };
 
 }  // namespace poolshim

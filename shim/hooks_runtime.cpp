@@ -22,7 +22,18 @@ namespace {
 Router* routable(const HookScope& scope) {
   if (!scope.outermost()) return nullptr;
   Router* router = router_for_call();
-  return router != nullptr && !captures_active() ? router : nullptr;
+  if (router == nullptr) return nullptr;
+  poolshim::shim::paths().runtime_calls.fetch_add(1, std::memory_order_relaxed);
+  return captures_active() ? nullptr : router;
+}
+
+// The core for a free (no capture check: a capture changes how a free is made, not whether).
+Router* routable_free(const HookScope& scope) {
+  if (!scope.outermost()) return nullptr;
+  Router* router = router_for_call();
+  if (router != nullptr)
+    poolshim::shim::paths().runtime_calls.fetch_add(1, std::memory_order_relaxed);
+  return router;
 }
 
 // Counts an allocation call the core did not route although it was running.
@@ -57,15 +68,18 @@ cudaError_t malloc_async(void** ptr, size_t size, cudaStream_t stream, bool per_
     return real_fn(ptr, size, stream);  // not a valid stream: the real call reports it
   }
   cudaError_t result = cudaSuccess;
-  router->allocate_async(device, size, s, ptr,
-                         [&] { return classify(result = real_fn(ptr, size, stream)); });
+  CUdeviceptr p = 0;
+  if (router->allocate_async(device, size, s, &p,
+                             [&] { return classify(result = real_fn(ptr, size, stream)); })) {
+    *ptr = reinterpret_cast<void*>(p);
+  }
   return result;
 }
 
 cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
   HookScope scope;
   const auto real_fn = per_thread ? real::cudaFreeAsync_ptsz() : real::cudaFreeAsync();
-  Router* router = scope.outermost() ? router_for_call() : nullptr;
+  Router* router = routable_free(scope);
   if (router == nullptr || ptr == nullptr) return real_fn(ptr, stream);
   cudaError_t result = cudaSuccess;
   auto call_real = [&] { return classify(result = real_fn(ptr, stream)); };
@@ -93,14 +107,17 @@ POOLSHIM_EXPORT cudaError_t cudaMalloc(void** devPtr, size_t size) {
   int device = 0;
   if (real::cudaGetDevice()(&device) != cudaSuccess) return real::cudaMalloc()(devPtr, size);
   cudaError_t result = cudaSuccess;
-  router->allocate_sync(device, size, devPtr,
-                        [&] { return classify(result = real::cudaMalloc()(devPtr, size)); });
+  CUdeviceptr p = 0;
+  if (router->allocate_sync(device, size, &p,
+                            [&] { return classify(result = real::cudaMalloc()(devPtr, size)); })) {
+    *devPtr = reinterpret_cast<void*>(p);
+  }
   return result;
 }
 
 POOLSHIM_EXPORT cudaError_t cudaFree(void* devPtr) {
   HookScope scope;
-  Router* router = scope.outermost() ? router_for_call() : nullptr;
+  Router* router = routable_free(scope);
   // cudaFree(nullptr) keeps its native meaning: initialise the context, free nothing.
   if (router == nullptr || devPtr == nullptr) return real::cudaFree()(devPtr);
   cudaError_t result = cudaSuccess;
@@ -168,15 +185,19 @@ POOLSHIM_EXPORT cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t memPo
 // capture sees exactly what it would see without the shim.
 POOLSHIM_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream,
                                                    enum cudaStreamCaptureMode mode) {
+  HookScope scope;
   const cudaError_t result = real::cudaStreamBeginCapture()(stream, mode);
-  if (result == cudaSuccess) poolshim::shim::capture_began(capture_key(stream, false));
+  if (result == cudaSuccess && scope.outermost())
+    poolshim::shim::capture_began(capture_key(stream, false));
   return result;
 }
 
 POOLSHIM_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream,
                                                         enum cudaStreamCaptureMode mode) {
+  HookScope scope;
   const cudaError_t result = real::cudaStreamBeginCapture_ptsz()(stream, mode);
-  if (result == cudaSuccess) poolshim::shim::capture_began(capture_key(stream, true));
+  if (result == cudaSuccess && scope.outermost())
+    poolshim::shim::capture_began(capture_key(stream, true));
   return result;
 }
 
@@ -185,9 +206,11 @@ POOLSHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, c
                                                           const cudaGraphEdgeData* dependencyData,
                                                           size_t numDependencies,
                                                           enum cudaStreamCaptureMode mode) {
+  HookScope scope;
   const cudaError_t result = real::cudaStreamBeginCaptureToGraph()(
       stream, graph, dependencies, dependencyData, numDependencies, mode);
-  if (result == cudaSuccess) poolshim::shim::capture_began(capture_key(stream, false));
+  if (result == cudaSuccess && scope.outermost())
+    poolshim::shim::capture_began(capture_key(stream, false));
   return result;
 }
 
@@ -195,21 +218,25 @@ POOLSHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(
     cudaStream_t stream, cudaGraph_t graph, const cudaGraphNode_t* dependencies,
     const cudaGraphEdgeData* dependencyData, size_t numDependencies,
     enum cudaStreamCaptureMode mode) {
+  HookScope scope;
   const cudaError_t result = real::cudaStreamBeginCaptureToGraph_ptsz()(
       stream, graph, dependencies, dependencyData, numDependencies, mode);
-  if (result == cudaSuccess) poolshim::shim::capture_began(capture_key(stream, true));
+  if (result == cudaSuccess && scope.outermost())
+    poolshim::shim::capture_began(capture_key(stream, true));
   return result;
 }
 
 // A capture ends with EndCapture whatever it returns (an invalidated capture ends too).
 POOLSHIM_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
+  HookScope scope;
   const cudaError_t result = real::cudaStreamEndCapture()(stream, pGraph);
-  poolshim::shim::capture_ended(capture_key(stream, false));
+  if (scope.outermost()) poolshim::shim::capture_ended(capture_key(stream, false));
   return result;
 }
 
 POOLSHIM_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* pGraph) {
+  HookScope scope;
   const cudaError_t result = real::cudaStreamEndCapture_ptsz()(stream, pGraph);
-  poolshim::shim::capture_ended(capture_key(stream, true));
+  if (scope.outermost()) poolshim::shim::capture_ended(capture_key(stream, true));
   return result;
 }

@@ -1,5 +1,7 @@
 #include "real_runtime.h"
 
+#include "real_driver.h"
+
 #include <dlfcn.h>
 #include <unistd.h>
 
@@ -14,13 +16,13 @@ std::atomic<void*> g_resolved[static_cast<int>(Function::count)];
 
 void* lookup(const char* name) {
   // The next definition after ours in the global scope: the runtime the program linked.
-  if (void* f = dlsym(RTLD_NEXT, name)) return f;
+  if (void* f = poolshim::shim::real_dlsym()(RTLD_NEXT, name)) return f;
   // A runtime loaded with local scope (a Python extension's dependency, say) is not in the
   // global scope, but the program's calls still bind to our hooks: find it by its soname.
   for (const char* soname : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}) {
     void* handle = dlopen(soname, RTLD_LAZY | RTLD_NOLOAD);
     if (handle == nullptr) continue;
-    void* f = dlsym(handle, name);
+    void* f = poolshim::shim::real_dlsym()(handle, name);
     dlclose(handle);  // RTLD_NOLOAD took a reference; the library stays loaded
     if (f != nullptr) return f;
   }

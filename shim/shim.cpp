@@ -1,7 +1,6 @@
 #include "shim.h"
 
 #include <dlfcn.h>
-#include <link.h>
 #include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
@@ -21,6 +20,7 @@
 #include "cuda_api.h"
 #include "events.h"
 #include "log_file.h"
+#include "real_driver.h"
 #include "records.h"
 #include "spin_lock.h"
 
@@ -48,6 +48,8 @@ struct State {
   Router* router = nullptr;
   BackgroundWorker* worker = nullptr;
 
+  PathCounters paths;
+  StreamRegistry streams;
   std::atomic<int> active_captures{0};
   SpinLock capture_lock;
   static constexpr int kMaxCaptures = 256;
@@ -125,54 +127,10 @@ void start() {
     for (const auto& line : describe_config(config)) print_stderr("option " + line);
   }
   s.router = new Router(s.driver, config, s.events);
+  s.router->set_stream_registry(&s.streams);
   s.worker = new BackgroundWorker(*s.router, s.events, std::move(info), s.parsed.warnings);
   s.worker->start();
   s.phase.store(kRunning, std::memory_order_release);
-}
-
-bool library_loaded(const char* soname_prefix) {
-  struct Search {
-    const char* prefix;
-    bool found;
-  } search{soname_prefix, false};
-  dl_iterate_phdr(
-      [](dl_phdr_info* info, size_t, void* data) -> int {
-        auto* s = static_cast<Search*>(data);
-        const char* base = info->dlpi_name ? std::strrchr(info->dlpi_name, '/') : nullptr;
-        base = base ? base + 1 : info->dlpi_name;
-        if (base != nullptr && std::strncmp(base, s->prefix, std::strlen(s->prefix)) == 0) {
-          s->found = true;
-          return 1;
-        }
-        return 0;
-      },
-      &search);
-  return search.found;
-}
-
-// A process whose CUDA calls never reached a hook, though it loaded the driver without any
-// shared CUDA runtime: it links the runtime statically. Say so in a small log of its own.
-void report_unreached_process() {
-  State& s = state();
-  const Config& config = s.parsed.config;
-  if (!library_loaded("libcuda.so") || library_loaded("libcudart.so")) return;
-  const std::string why =
-      "this process loaded the CUDA driver but none of its calls reached poolshim, and no "
-      "shared CUDA runtime is loaded: it probably links the CUDA runtime statically (nvcc's "
-      "default; build with -cudart shared) or allocates through the driver API. Nothing was "
-      "pooled: driver-level interception is not in this version.";
-  print_stderr("warning: " + why);
-  ProcessInfo info = make_process_info(config);
-  if (info.log_path.empty()) return;
-  LogFile log;
-  if (!log.open(info.log_path).empty()) return;
-  const double t = seconds_since_start(info, now_ns());
-  log.write(start_record(t, info, config, {}));
-  for (const auto& w : s.parsed.warnings) log.write(warning_record(t, info.pid, w));
-  log.write(warning_record(t, info.pid, why));
-  ExitSummary summary;
-  summary.notes.push_back(why);
-  log.write(exit_record(t, info.pid, summary));
 }
 
 void on_exit() {
@@ -182,15 +140,28 @@ void on_exit() {
   s.exiting.store(true);
   const int phase = s.phase.load(std::memory_order_acquire);
   if (phase == kRunning) {
-    std::vector<std::string> notes;
+    ExitExtras extras;
     if (s.router->pooled_allocations() == 0) {
-      notes.emplace_back(
+      extras.notes.emplace_back(
           "no allocation was pooled although CUDA calls reached poolshim; see the "
           "passthrough_allocs and fallback_allocs counters and the warnings for why");
     }
-    s.worker->finish(std::move(notes));
-  } else if (phase == kIdle && s.parsed.config.enable) {
-    report_unreached_process();
+    extras.paths = {
+        {"runtime_hooks", s.paths.runtime_calls.load()},
+        {"driver_hooks", s.paths.driver_calls.load()},
+        {"dlsym", s.paths.dlsym_answers.load()},
+        {"cuGetProcAddress", s.paths.proc_address_answers.load()},
+    };
+    if (s.parsed.config.verbose) {
+      std::string line = "ways in:";
+      for (const auto& [name, count] : extras.paths) {
+        line += " " + name + " " + std::to_string(count) +
+                (name == "runtime_hooks" || name == "driver_hooks" ? " calls," : " answers,");
+      }
+      line.pop_back();
+      print_stderr(line);
+    }
+    s.worker->finish(std::move(extras));
   }
 }
 
@@ -248,6 +219,20 @@ Router* router_for_call() {
     while ((phase = s.phase.load(std::memory_order_acquire)) == kStarting) sched_yield();
   }
   return s.phase.load(std::memory_order_acquire) == kRunning ? s.router : nullptr;
+}
+
+Router* router_if_running() {
+  State& s = state();
+  return s.phase.load(std::memory_order_acquire) == kRunning && !s.exiting.load() ? s.router
+                                                                                  : nullptr;
+}
+
+PathCounters& paths() {
+  return state().paths;
+}
+
+StreamRegistry& streams() {
+  return state().streams;
 }
 
 bool captures_active() {

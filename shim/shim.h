@@ -5,7 +5,11 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <cstdint>
+
 #include "router.h"
+#include "stream_registry.h"
 
 #define POOLSHIM_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -29,6 +33,21 @@ class HookScope {
 /// (disabled, starting on another thread, failed to start, exiting, or a forked child of a
 /// process that had started).
 Router* router_for_call();
+
+/// The core if it is running, without starting it (bookkeeping hooks use it).
+Router* router_if_running();
+
+/// How many calls each way in reached the shim (the exit record's `paths`).
+struct PathCounters {
+  std::atomic<std::uint64_t> runtime_calls{0};         // outermost runtime allocation/free hooks
+  std::atomic<std::uint64_t> driver_calls{0};          // outermost driver allocation/free hooks
+  std::atomic<std::uint64_t> dlsym_answers{0};         // dlsym lookups answered with a hook
+  std::atomic<std::uint64_t> proc_address_answers{0};  // cuGetProcAddress answers with a hook
+};
+PathCounters& paths();
+
+/// The application's non-blocking streams (ordered frees), kept before the core starts too.
+StreamRegistry& streams();
 
 /// True while some stream capture that the shim saw begin has not ended: allocation calls
 /// then pass through unchanged, so a capture sees exactly the native behaviour.

@@ -263,14 +263,130 @@ def case_fork_after_cuda_child_passes_through(tmp):
 
 
 @case
-def case_driver_only_process_is_reported(tmp):
+def case_driver_only_process_is_pooled(tmp):
     native, shim = differential([program("driver_alloc")], tmp)
-    records = one_log(tmp)
-    warnings = [r["message"] for r in records_of(records, "warning")]
-    expect(any("probably links the CUDA runtime statically" in w for w in warnings), warnings)
-    ex = records_of(records, "exit")[0]
-    expect_equal(ex["pooled_allocs"], 0, "pooled allocations")
-    expect("probably links the CUDA runtime statically" in shim.err, shim.err)
+    ex, d = exit_device(one_log(tmp))
+    expect_equal(ex["pooled_allocs"], 1, "pooled allocations (cuMemAlloc_v2 found with dlsym)")
+    expect_equal(d["frees"], 1, "frees")
+    expect(ex["paths"]["dlsym"] >= 2, f"dlsym answers: {ex['paths']}")
+    expect_equal(ex["paths"]["runtime_hooks"], 0, "runtime hook calls")
+
+
+def static_case(tmp, args, pooled, async_allocs=0):
+    native, shim = differential([program(args[0] + "_static")] + args[1:], tmp)
+    ex, d = exit_device(one_log(tmp))
+    expect_equal(ex["pooled_allocs"], pooled, "pooled allocations")
+    expect_equal(d["async_allocs"], async_allocs, "async allocations")
+    paths = ex["paths"]
+    expect_equal(paths["runtime_hooks"], 0, "runtime hook calls (the runtime is linked in)")
+    expect(paths["driver_hooks"] >= pooled + d["frees"], f"driver hook calls: {paths}")
+    expect(paths["dlsym"] >= 1 and paths["cuGetProcAddress"] >= 1, f"ways in: {paths}")
+    return native, shim, ex, d
+
+
+@case
+def case_static_runtime_churn_counted_once(tmp):
+    static_case(tmp, ["churn", "1000", "64", str(4 * MiB)], 1064)
+
+
+@case
+def case_static_runtime_churn_async_counted_once(tmp):
+    static_case(tmp, ["churn", "1000", "64", str(4 * MiB), "async"], 1064, 1064)
+
+
+@case
+def case_static_runtime_api_edges_match_native(tmp):
+    native, shim = differential([program("api_edges_static")], tmp)
+    with open(os.path.join(HERE, "expected", "api_edges.h200.txt")) as f:
+        expect_equal(native.out, f.read(), "api_edges (static runtime) over the double vs. the H200 recording")
+    ex, d = exit_device(one_log(tmp))
+    expect(ex["pooled_allocs"] > 20, f"too few pooled allocations: {ex['pooled_allocs']}")
+    expect_equal(d["oom_retries"], 1, "oom_retries")
+    expect_equal(d["ooms"], 1, "ooms")
+    expect_equal(d["reset_dropped"], 1, "reset_dropped")
+    expect_equal(ex["leaks"]["count"], 0, "leaks")
+    expect_equal(ex["paths"]["runtime_hooks"], 0, "runtime hook calls")
+
+
+@case
+def case_static_runtime_threads_and_demo(tmp):
+    static_case(tmp, ["threads"], 2400, 1200)
+    for p in logs(tmp):
+        os.remove(p)
+    native, shim, ex, d = static_case(tmp, ["demo", "20", str(1 << 18)], 1 + 20 * 7)
+    expect_equal(ex["leaks"]["bytes"], 3 * MiB, "leaked bytes")
+
+
+@case
+def case_shared_runtime_counted_once_by_the_runtime_hooks(tmp):
+    native, shim = differential([program("churn"), "1000", "64", str(4 * MiB), "async"], tmp)
+    ex, d = exit_device(one_log(tmp))
+    expect_equal(ex["pooled_allocs"], 1064, "pooled allocations")
+    expect_equal(ex["paths"]["runtime_hooks"], 2 * 1064, "runtime hook calls (allocs and frees)")
+    expect_equal(ex["paths"]["driver_hooks"], 0, "driver hook calls (all nested under runtime hooks)")
+    expect(ex["paths"]["cuGetProcAddress"] >= 1, "the runtime's driver lookups went through the hook")
+
+
+# The variants of every hooked driver entry point: what the real (double) driver answers for a
+# name, version and flags is the variant; the shim hands back its hook of exactly that variant.
+HOOKED_VARIANTS = {
+    "cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetInfo_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz",
+    "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz",
+    "cuDeviceSetMemPool", "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", "cuStreamCreate",
+    "cuStreamCreateWithPriority", "cuStreamDestroy", "cuStreamDestroy_v2", "cuStreamBeginCapture_v2",
+    "cuStreamBeginCapture_v2_ptsz", "cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph_ptsz",
+    "cuStreamEndCapture", "cuStreamEndCapture_ptsz", "cuCtxCreate_v2", "cuCtxCreate_v3", "cuCtxCreate_v4",
+    "cuGetProcAddress", "cuGetProcAddress_v2"}
+
+
+def check_proc_address(native_out, shim_out):
+    native_lines, shim_lines = native_out.splitlines(), shim_out.splitlines()
+    expect_equal(len(shim_lines), len(native_lines), "lookups")
+    hooked = 0
+    for n, s in zip(native_lines, shim_lines):
+        n_query, n_answer = n.split(" -> ")
+        s_query, s_answer = s.split(" -> ")
+        expect_equal(s_query, n_query, "query")
+        n_result, n_status, n_variant, n_owner = n_answer.split()
+        s_result, s_status, s_variant, s_owner = s_answer.split()
+        expect_equal((s_result, s_status, s_variant), (n_result, n_status, n_variant), f"answer to {n_query}")
+        wanted = "poolshim" if n_variant in HOOKED_VARIANTS else n_owner
+        expect_equal(s_owner, wanted, f"owner of the answer to {n_query} ({n_variant})")
+        hooked += s_owner == "poolshim"
+    return hooked
+
+
+@case
+def case_cuGetProcAddress_hands_back_the_hook_of_exactly_the_variant(tmp):
+    native = run([program("proc_address")], False, tmp)
+    shim = run([program("proc_address")], True, tmp)
+    expect_equal(native.rc, 0, f"native run\n{native.describe()}")
+    expect_equal(shim.rc, 0, f"shim run\n{shim.describe()}")
+    hooked = check_proc_address(native.out, shim.out)
+    expect(hooked >= 40, f"only {hooked} answers were hooks")
+    # The runtime's self-lookup: cuGetProcAddress at 12000 answers with the v2 hook itself.
+    expect("cuGetProcAddress 12000 0 -> 0 0 cuGetProcAddress_v2 poolshim" in shim.out, shim.out)
+    expect("cuGetProcAddress 11030 0 -> 0 0 cuGetProcAddress poolshim" in shim.out, shim.out)
+    expect("cuMemAllocAsync 11020 2 -> 0 0 cuMemAllocAsync_ptsz poolshim" in shim.out, shim.out)
+
+
+@case
+def case_dlsym_keeps_native_semantics(tmp):
+    native, shim = differential([program("dlsym_semantics")], tmp)
+    expect("rtld_next_is_caller_relative: 1" in shim.out, shim.out)
+    expect("cuMemAlloc_v2 from poolshim" in shim.err, shim.err)
+    expect("cuMemAlloc_v2 from driver" in native.err, native.err)
+
+
+@case
+def case_ordered_free_mode_matches_native(tmp):
+    for name, extra in (("api_edges", []), ("threads", []), ("churn", ["1000", "64", str(4 * MiB)])):
+        for p in logs(tmp):
+            os.remove(p)
+        differential([program(name)] + extra, tmp, {"POOLSHIM_FREE": "ordered"})
+        ex, d = exit_device(one_log(tmp))
+        expect(d["ordered_frees"] > 0, f"{name}: no ordered free: {d}")
+        expect_equal(d["live_allocs"], 0, f"{name}: live allocations at exit")
 
 
 @case

@@ -8,6 +8,7 @@
 
 #include "cuda_api.h"
 #include "cudadouble.h"
+#include "router.h"
 
 namespace poolshim::testing {
 
@@ -63,5 +64,18 @@ class DriverDouble {
   int (*stats_)(int, struct cudadouble_device_stats*) = nullptr;
   unsigned long long (*calls_)(const char*) = nullptr;
 };
+
+/// Router::allocate_sync with the pointer as a void* (nullptr when the real function ran).
+inline void* sync_alloc(Router& router, int device, std::size_t bytes, Fallback real) {
+  CUdeviceptr p = 0;
+  return router.allocate_sync(device, bytes, &p, real) ? reinterpret_cast<void*>(p) : nullptr;
+}
+
+inline void* async_alloc(Router& router, int device, std::size_t bytes, CUstream stream,
+                         Fallback real) {
+  CUdeviceptr p = 0;
+  return router.allocate_async(device, bytes, stream, &p, real) ? reinterpret_cast<void*>(p)
+                                                                : nullptr;
+}
 
 }  // namespace poolshim::testing

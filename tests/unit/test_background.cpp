@@ -15,8 +15,10 @@
 #include "router.h"
 
 using namespace poolshim;
+using poolshim::testing::async_alloc;
 using poolshim::testing::DriverDouble;
 using poolshim::testing::MiB;
+using poolshim::testing::sync_alloc;
 
 namespace {
 
@@ -84,13 +86,11 @@ TEST_CASE("worker: start, sample and exit records with the pool's figures") {
   BackgroundWorker worker(router, events, info_for(path), {"a startup warning"});
   worker.begin();
 
-  void* a = nullptr;
-  void* b = nullptr;
-  router.allocate_sync(0, 1000, &a, never_called);
-  router.allocate_sync(0, 3 * MiB, &b, never_called);
+  void* a = sync_alloc(router, 0, 1000, never_called);
+  CHECK(sync_alloc(router, 0, 3 * MiB, never_called) != nullptr);
   router.free_sync(a, 0, never_called);
   worker.tick(now_ns() + 2000000000ULL);  // past the 1 s sample interval
-  worker.end({"a note"});
+  worker.end(ExitExtras{{"a note"}, {{"runtime_hooks", 3}}});
 
   const auto lines = read_lines(path);
   REQUIRE(lines.size() == 5);  // start, warning, sample, final sample, exit
@@ -117,7 +117,7 @@ TEST_CASE("worker: start, sample and exit records with the pool's figures") {
   CHECK(has(
       lines[4],
       "\"leaks\":{\"count\":1,\"bytes\":3145728,\"largest\":[{\"device\":0,\"bytes\":3145728,"));
-  CHECK(has(lines[4], "\"notes\":[\"a note\"]"));
+  CHECK(has(lines[4], "\"paths\":{\"runtime_hooks\":3},\"notes\":[\"a note\"]"));
   std::remove(path.c_str());
 }
 
@@ -130,10 +130,9 @@ TEST_CASE("worker: an OOM event becomes an oom record with verdict and hint") {
   std::remove(path.c_str());
   BackgroundWorker worker(router, events, info_for(path), {});
   worker.begin();
-  void* p = nullptr;
-  router.allocate_sync(0, 20 * MiB, &p, [] { return RealResult::out_of_memory; });
+  CHECK(sync_alloc(router, 0, 20 * MiB, [] { return RealResult::out_of_memory; }) == nullptr);
   worker.tick(now_ns());
-  worker.end({});
+  worker.end(ExitExtras{});
   const auto lines = read_lines(path);
   REQUIRE(lines.size() >= 2);
   const std::string& oom = lines[1];
@@ -156,7 +155,7 @@ TEST_CASE("worker: an idle pool is trimmed gradually down to the release thresho
   BackgroundWorker worker(router, events, info_for(""), {});
   worker.begin();
   std::vector<void*> blocks(4);
-  for (auto& b : blocks) router.allocate_sync(0, 3 * MiB, &b, never_called);  // 4 MiB chunks
+  for (auto& b : blocks) b = sync_alloc(router, 0, 3 * MiB, never_called);  // 4 MiB chunks
   for (auto* b : blocks) router.free_sync(b, 0, never_called);
   REQUIRE(router.snapshot(0).pool.reserved == 16 * MiB);
   const std::uint64_t t0 = now_ns();
@@ -173,7 +172,7 @@ TEST_CASE("worker: an idle pool is trimmed gradually down to the release thresho
   CHECK(s.pool.reserved == 0);
   CHECK(s.stats.idle_trims == 2);
   CHECK(s.stats.idle_trimmed_bytes == 16 * MiB);
-  worker.end({});
+  worker.end(ExitExtras{});
 }
 
 TEST_CASE("worker: release_threshold keeps that much unused memory cached") {
@@ -186,11 +185,11 @@ TEST_CASE("worker: release_threshold keeps that much unused memory cached") {
   BackgroundWorker worker(router, events, info_for(""), {});
   worker.begin();
   std::vector<void*> blocks(4);
-  for (auto& b : blocks) router.allocate_sync(0, 3 * MiB, &b, never_called);
+  for (auto& b : blocks) b = sync_alloc(router, 0, 3 * MiB, never_called);
   for (auto* b : blocks) router.free_sync(b, 0, never_called);
   const std::uint64_t t0 = now_ns();
   for (int i = 0; i < 10; ++i) worker.tick(t0 + (1100 + 250 * i) * 1000000ULL);
   // Excess 8 MiB over the threshold: keep 8 + 4 MiB -> reserved 8 MiB (chunks are 4 MiB).
   CHECK(router.snapshot(0).pool.reserved == 8 * MiB);
-  worker.end({});
+  worker.end(ExitExtras{});
 }

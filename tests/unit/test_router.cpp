@@ -7,8 +7,10 @@
 #include "router.h"
 
 using namespace poolshim;
+using poolshim::testing::async_alloc;
 using poolshim::testing::DriverDouble;
 using poolshim::testing::MiB;
+using poolshim::testing::sync_alloc;
 
 namespace {
 
@@ -43,7 +45,7 @@ TEST_CASE("router: cudaMalloc is served from the device's pool, counted once") {
   Router router(d.api, config, events);
   RealStub real;
   void* p = nullptr;
-  router.allocate_sync(0, 1000, &p, real);
+  p = sync_alloc(router, 0, 1000, real);
   REQUIRE(p != nullptr);
   CHECK(real.calls == 0);
   const DeviceSnapshot s = router.snapshot(0);
@@ -66,7 +68,7 @@ TEST_CASE("router: cudaFree synchronizes the device and keeps the block cached f
   Router router(d.api, config, events);
   RealStub real;
   void* p = nullptr;
-  router.allocate_sync(0, 1000, &p, real);
+  p = sync_alloc(router, 0, 1000, real);
   router.free_sync(p, 0, real);
   CHECK(real.calls == 0);
   CHECK(d.calls("cuCtxSynchronize") == 1);
@@ -82,7 +84,7 @@ TEST_CASE("router: cudaFree synchronizes the device and keeps the block cached f
   CHECK(router.unused_bytes(0) == 2 * MiB);
 
   void* q = nullptr;
-  router.allocate_sync(0, 1000, &q, real);
+  q = sync_alloc(router, 0, 1000, real);
   CHECK(q == p);  // the cached block, no new reservation
   CHECK(router.snapshot(0).pool.reserved == 2 * MiB);
 }
@@ -94,7 +96,7 @@ TEST_CASE("router: a pointer the pool did not hand out goes to the real cudaFree
   Router router(d.api, config, events);
   RealStub real;
   void* p = nullptr;
-  router.allocate_sync(0, 512, &p, real);  // makes device 0's context current
+  p = sync_alloc(router, 0, 512, real);  // makes device 0's context current
   int host_object = 0;
   router.free_sync(&host_object, 0, real);
   CHECK(real.calls == 1);
@@ -113,11 +115,11 @@ TEST_CASE("router: out of memory with enough unused pool memory is trimmed and r
   Router router(d.api, config, events);
   RealStub real;
   std::vector<void*> blocks(8);
-  for (auto& b : blocks) router.allocate_sync(0, 3 * MiB / 2, &b, real);
+  for (auto& b : blocks) b = sync_alloc(router, 0, 3 * MiB / 2, real);
   CHECK(router.snapshot(0).pool.reserved == 16 * MiB);  // eight 2 MiB chunks: the device is full
   for (auto* b : blocks) router.free_sync(b, 0, real);
   void* big = nullptr;
-  router.allocate_sync(0, 6 * MiB, &big, real);  // no chunk holds 6 MiB: a new one must be made
+  big = sync_alloc(router, 0, 6 * MiB, real);  // no chunk holds 6 MiB: a new one must be made
   CHECK(big != nullptr);
   CHECK(real.calls == 0);
   const DeviceSnapshot s = router.snapshot(0);
@@ -137,11 +139,11 @@ TEST_CASE("router: with oom_retry off the real function's OOM stands, counted as
   Router router(d.api, config, events);
   RealStub ok;
   std::vector<void*> blocks(8);
-  for (auto& b : blocks) router.allocate_sync(0, 3 * MiB / 2, &b, ok);
+  for (auto& b : blocks) b = sync_alloc(router, 0, 3 * MiB / 2, ok);
   for (auto* b : blocks) router.free_sync(b, 0, ok);
   RealStub oom{RealResult::out_of_memory};
   void* big = nullptr;
-  router.allocate_sync(0, 6 * MiB, &big, oom);
+  big = sync_alloc(router, 0, 6 * MiB, oom);
   CHECK(oom.calls == 1);
   CHECK(big == nullptr);
   const DeviceSnapshot s = router.snapshot(0);
@@ -171,11 +173,10 @@ TEST_CASE(
   Router router(d.api, config, events);
   RealStub ok;
   void* p = nullptr;
-  router.allocate_sync(0, MiB, &p, ok);
+  p = sync_alloc(router, 0, MiB, ok);
   router.free_sync(p, 0, ok);
   RealStub oom{RealResult::out_of_memory};
-  void* huge = nullptr;
-  router.allocate_sync(0, 1ULL << 40, &huge, oom);
+  CHECK(sync_alloc(router, 0, 1ULL << 40, oom) == nullptr);
   CHECK(oom.calls == 1);
   const DeviceSnapshot s = router.snapshot(0);
   CHECK(s.stats.oom_retries == 0);
@@ -200,10 +201,9 @@ TEST_CASE("router: an allocation the pool cannot serve but the real function can
   Router router(d.api, config, events);
   RealStub ok;
   std::vector<void*> blocks(8);
-  for (auto& b : blocks) router.allocate_sync(0, 3 * MiB / 2, &b, ok);
+  for (auto& b : blocks) b = sync_alloc(router, 0, 3 * MiB / 2, ok);
   for (auto* b : blocks) router.free_sync(b, 0, ok);
-  void* big = nullptr;
-  router.allocate_sync(0, 6 * MiB, &big, ok);
+  CHECK(sync_alloc(router, 0, 6 * MiB, ok) == nullptr);  // the real function served it
   CHECK(ok.calls == 1);
   const DeviceSnapshot s = router.snapshot(0);
   CHECK(s.stats.fallback_allocs == 1);
@@ -225,12 +225,12 @@ TEST_CASE("router: cudaMallocAsync allocates in the stream's order from the pool
   CHECK(router.stream_device(stream) == 0);
   RealStub real;
   void* p = nullptr;
-  router.allocate_async(0, 4096, stream, &p, real);
+  p = async_alloc(router, 0, 4096, stream, real);
   REQUIRE(p != nullptr);
   router.free_async(p, stream, real);
   CHECK(d.device(0).pending_free_count == 1);  // no synchronization: the free is stream-ordered
   void* q = nullptr;
-  router.allocate_async(0, 4096, stream, &q, real);
+  q = async_alloc(router, 0, 4096, stream, real);
   CHECK(q == p);  // the same stream may reuse its pending free at once
   CHECK(real.calls == 0);
   const DeviceSnapshot s = router.snapshot(0);
@@ -249,12 +249,11 @@ TEST_CASE("router: cudaMallocAsync with an application-owned current pool passes
   Router router(d.api, config, events);
   router.set_app_pool(0, true);
   RealStub real;
-  void* p = nullptr;
-  router.allocate_async(0, 4096, nullptr, &p, real);
+  CHECK(async_alloc(router, 0, 4096, nullptr, real) == nullptr);
   CHECK(real.calls == 1);
   CHECK(router.snapshot(0).stats.passthrough_allocs == 1);
   router.set_app_pool(0, false);
-  router.allocate_async(0, 4096, nullptr, &p, real);
+  CHECK(async_alloc(router, 0, 4096, nullptr, real) != nullptr);
   CHECK(real.calls == 1);
   CHECK(router.snapshot(0).stats.async_allocs == 1);
 }
@@ -265,10 +264,8 @@ TEST_CASE("router: cudaDeviceReset drops the pool and the device's live allocati
   EventQueue events;
   Router router(d.api, config, events);
   RealStub real;
-  void* a = nullptr;
-  void* b = nullptr;
-  router.allocate_sync(0, 1000, &a, real);
-  router.allocate_sync(0, 5000, &b, real);
+  void* a = sync_alloc(router, 0, 1000, real);
+  CHECK(sync_alloc(router, 0, 5000, real) != nullptr);
   CHECK(d.device(0).pool_count == 1);
   router.before_device_reset(0);
   CHECK(d.device(0).pool_count == 0);
@@ -284,7 +281,7 @@ TEST_CASE("router: cudaDeviceReset drops the pool and the device's live allocati
   router.free_sync(a, 0, foreign);  // dropped by the reset: no longer the pool's
   CHECK(foreign.calls == 1);
   void* c = nullptr;
-  router.allocate_sync(0, 1000, &c, real);
+  c = sync_alloc(router, 0, 1000, real);
   CHECK(c != nullptr);
   CHECK(real.calls == 0);
   CHECK(d.device(0).pool_count == 1);
@@ -299,7 +296,7 @@ TEST_CASE("router: a thread with no current context gets the device's primary co
   void* p = nullptr;
   int real_calls = 0;
   std::thread t([&] {
-    router.allocate_sync(0, 1000, &p, [&] {
+    p = sync_alloc(router, 0, 1000, [&] {
       ++real_calls;
       return RealResult::success;
     });
@@ -316,11 +313,10 @@ TEST_CASE("router: another device's context being current makes cudaMalloc pass 
   Router router(d.api, config, events);
   d.make_current(1);
   RealStub real;
-  void* p = nullptr;
-  router.allocate_sync(0, 1000, &p, real);
+  CHECK(sync_alloc(router, 0, 1000, real) == nullptr);
   CHECK(real.calls == 1);
   CHECK(router.snapshot(0).stats.passthrough_allocs == 1);
-  router.allocate_sync(1, 1000, &p, real);
+  CHECK(sync_alloc(router, 1, 1000, real) != nullptr);
   CHECK(real.calls == 1);
   CHECK(router.snapshot(1).stats.allocs == 1);
 }
@@ -331,12 +327,10 @@ TEST_CASE("router: each device has its own pool and counters") {
   EventQueue events;
   Router router(d.api, config, events);
   RealStub real;
-  void* p0 = nullptr;
-  void* p1 = nullptr;
   d.make_current(0);
-  router.allocate_sync(0, 3 * MiB, &p0, real);
+  void* p0 = sync_alloc(router, 0, 3 * MiB, real);
   d.make_current(1);
-  router.allocate_sync(1, 1000, &p1, real);
+  CHECK(sync_alloc(router, 1, 1000, real) != nullptr);
   CHECK(router.active_devices() == std::vector<int>{0, 1});
   CHECK(router.snapshot(0).pool.reserved == 4 * MiB);
   CHECK(router.snapshot(1).pool.reserved == 2 * MiB);
@@ -355,7 +349,7 @@ TEST_CASE("router: a free while routing is suspended goes to the real function a
   Router router(d.api, config, events);
   RealStub real;
   void* p = nullptr;
-  router.allocate_sync(0, 1000, &p, real);
+  p = sync_alloc(router, 0, 1000, real);
   router.free_unrouted(p, 0, real);
   CHECK(real.calls == 1);
   DeviceSnapshot s = router.snapshot(0);
@@ -371,7 +365,7 @@ TEST_CASE("router: a failed real free of a pooled pointer keeps it live") {
   Router router(d.api, config, events);
   RealStub ok;
   void* p = nullptr;
-  router.allocate_sync(0, 1000, &p, ok);
+  p = sync_alloc(router, 0, 1000, ok);
   RealStub failing{RealResult::error};
   router.free_unrouted(p, 0, failing);
   CHECK(router.live_allocations().size() == 1);
@@ -393,7 +387,7 @@ TEST_CASE("router: zero live allocations after many threads allocate and free co
           real_calls.fetch_add(1);
           return RealResult::success;
         };
-        router.allocate_sync(0, 256 + 4096 * ((i * 7 + t) % 16), &p, real);
+        p = sync_alloc(router, 0, 256 + 4096 * ((i * 7 + t) % 16), real);
         router.free_sync(p, 0, real);
       }
     });
@@ -406,4 +400,116 @@ TEST_CASE("router: zero live allocations after many threads allocate and free co
   CHECK(s.stats.live_allocs.current == 0);
   CHECK(s.stats.requested_bytes.current == 0);
   CHECK(s.pool.used == 0);
+}
+
+namespace {
+Config ordered_config() {
+  Config c = test_config();
+  c.free = "ordered";
+  return c;
+}
+}  // namespace
+
+TEST_CASE("router: an ordered free waits on the device's streams, not the host") {
+  DriverDouble d(1, 64 * MiB);
+  Config config = ordered_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  StreamRegistry streams;
+  router.set_stream_registry(&streams);
+  d.make_current(0);
+  CUstream app_stream = nullptr;
+  REQUIRE(d.api.cuStreamCreate(&app_stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  streams.add(app_stream, 0);
+  streams.mark_observed();
+  RealStub real;
+  void* p = sync_alloc(router, 0, 1000, real);
+  router.free_sync(p, 0, real);
+  CHECK(real.calls == 0);
+  CHECK(d.calls("cuCtxSynchronize") == 0);   // no host stall
+  CHECK(d.calls("cuEventRecord") == 2);      // the legacy stream and the app's stream
+  CHECK(d.calls("cuStreamWaitEvent") == 2);  // the free stream waits for both
+  CHECK(d.calls("cuMemFreeAsync") == 1);
+  const DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.stats.frees == 1);
+  CHECK(s.stats.ordered_frees == 1);
+  CHECK(s.stats.live_allocs.current == 0);
+  CHECK(drain(events).empty());
+}
+
+TEST_CASE("router: an ordered free falls back to sync when stream creation was not seen") {
+  DriverDouble d(1, 64 * MiB);
+  Config config = ordered_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  StreamRegistry streams;  // never marked observed
+  router.set_stream_registry(&streams);
+  RealStub real;
+  void* p = sync_alloc(router, 0, 1000, real);
+  router.free_sync(p, 0, real);
+  CHECK(d.calls("cuCtxSynchronize") == 1);
+  CHECK(router.snapshot(0).stats.ordered_frees == 0);
+  const auto e = drain(events);
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].text ==
+        "free mode ordered: the application's stream creation was not seen by the shim; such "
+        "frees synchronize the device as in mode sync");
+}
+
+TEST_CASE("router: an ordered free falls back to sync while another device is active") {
+  DriverDouble d(2, 64 * MiB);
+  Config config = ordered_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  StreamRegistry streams;
+  streams.mark_observed();
+  router.set_stream_registry(&streams);
+  d.make_current(1);  // device 1's primary context becomes active
+  d.make_current(0);
+  RealStub real;
+  void* p = sync_alloc(router, 0, 1000, real);
+  router.free_sync(p, 0, real);
+  CHECK(d.calls("cuCtxSynchronize") == 1);
+  CHECK(router.snapshot(0).stats.ordered_frees == 0);
+  REQUIRE(drain(events).size() == 1);
+}
+
+TEST_CASE("router: an ordered free falls back to sync once the application made a context") {
+  DriverDouble d(1, 64 * MiB);
+  Config config = ordered_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  StreamRegistry streams;
+  streams.mark_observed();
+  streams.mark_foreign_context();
+  router.set_stream_registry(&streams);
+  RealStub real;
+  void* p = sync_alloc(router, 0, 1000, real);
+  router.free_sync(p, 0, real);
+  CHECK(d.calls("cuCtxSynchronize") == 1);
+  CHECK(router.snapshot(0).stats.ordered_frees == 0);
+}
+
+TEST_CASE("router: a destroyed stream's queued work still orders later ordered frees") {
+  DriverDouble d(1, 64 * MiB);
+  Config config = ordered_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  StreamRegistry streams;
+  streams.mark_observed();
+  router.set_stream_registry(&streams);
+  d.make_current(0);
+  RealStub real;
+  void* p = sync_alloc(router, 0, 1000, real);  // the pool must exist for the wait to be made
+  CUstream app_stream = nullptr;
+  REQUIRE(d.api.cuStreamCreate(&app_stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  streams.add(app_stream, 0);
+  StreamRegistry::Entry entry;
+  REQUIRE(streams.remove(app_stream, &entry));
+  router.before_stream_destroy(entry);
+  CHECK(d.calls("cuEventRecord") == 1);
+  CHECK(d.calls("cuStreamWaitEvent") == 1);
+  CHECK(streams.size() == 0);
+  router.free_sync(p, 0, real);
+  CHECK(router.snapshot(0).stats.ordered_frees == 1);
 }

@@ -1,0 +1,577 @@
+// Driver-API hooks (DESIGN §2): where programs built with the static runtime, NCCL, JAX, numba
+// and CuPy's driver paths allocate. Reached three ways: direct symbol interposition (these
+// exported names), the dlsym hook (a hooked name looked up in libcuda.so.1 answers with the
+// hook), and the cuGetProcAddress hooks (the real function picks the variant for the caller's
+// version and flags; the hook of exactly that variant is handed back, or the real pointer
+// when that variant is not hooked). Every allocation is counted once: a driver hook reached
+// from inside another hook (the real runtime function behind a runtime hook) passes through.
+#include <cuda.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "real_driver.h"
+#include "router.h"
+#include "shim.h"
+
+// cuda.h maps these names to their newest variants with macros; the shim exports (and so
+// defines) the older variants under their own names too, because a caller asking
+// cuGetProcAddress for an older version gets those.
+#undef cuStreamDestroy
+#undef cuDevicePrimaryCtxReset
+#undef cuGetProcAddress
+
+extern "C" {
+CUresult cuStreamDestroy(CUstream hStream);
+CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
+CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArray, int numParams,
+                        unsigned int flags, CUdevice dev);
+decltype(cuMemAllocAsync) cuMemAllocAsync_ptsz;
+decltype(cuMemFreeAsync) cuMemFreeAsync_ptsz;
+decltype(cuMemAllocFromPoolAsync) cuMemAllocFromPoolAsync_ptsz;
+decltype(cuStreamBeginCapture_v2) cuStreamBeginCapture_v2_ptsz;
+decltype(cuStreamBeginCaptureToGraph) cuStreamBeginCaptureToGraph_ptsz;
+decltype(cuStreamEndCapture) cuStreamEndCapture_ptsz;
+
+// Set by poolshim_dlsym_intercept, used by the dlsym trampoline (dlsym_trampoline.S).
+__attribute__((visibility("hidden"))) void* poolshim_real_dlsym = nullptr;
+__attribute__((visibility("hidden"))) void* poolshim_dlsym_intercept(void* handle,
+                                                                     const char* name);
+}
+
+using poolshim::RealResult;
+using poolshim::Router;
+using poolshim::shim::captures_active;
+using poolshim::shim::HookScope;
+using poolshim::shim::router_for_call;
+
+namespace {
+
+// X(exported name, type): every driver entry point the shim hooks.
+#define POOLSHIM_DRIVER_HOOKS(X)                                               \
+  X(cuMemAlloc_v2, decltype(::cuMemAlloc_v2))                                  \
+  X(cuMemFree_v2, decltype(::cuMemFree_v2))                                    \
+  X(cuMemGetInfo_v2, decltype(::cuMemGetInfo_v2))                              \
+  X(cuMemAllocAsync, decltype(::cuMemAllocAsync))                              \
+  X(cuMemAllocAsync_ptsz, decltype(::cuMemAllocAsync))                         \
+  X(cuMemFreeAsync, decltype(::cuMemFreeAsync))                                \
+  X(cuMemFreeAsync_ptsz, decltype(::cuMemFreeAsync))                           \
+  X(cuMemAllocFromPoolAsync, decltype(::cuMemAllocFromPoolAsync))              \
+  X(cuMemAllocFromPoolAsync_ptsz, decltype(::cuMemAllocFromPoolAsync))         \
+  X(cuDeviceSetMemPool, decltype(::cuDeviceSetMemPool))                        \
+  X(cuDevicePrimaryCtxReset, decltype(::cuDevicePrimaryCtxReset_v2))           \
+  X(cuDevicePrimaryCtxReset_v2, decltype(::cuDevicePrimaryCtxReset_v2))        \
+  X(cuStreamCreate, decltype(::cuStreamCreate))                                \
+  X(cuStreamCreateWithPriority, decltype(::cuStreamCreateWithPriority))        \
+  X(cuStreamDestroy, decltype(::cuStreamDestroy_v2))                           \
+  X(cuStreamDestroy_v2, decltype(::cuStreamDestroy_v2))                        \
+  X(cuStreamBeginCapture_v2, decltype(::cuStreamBeginCapture_v2))              \
+  X(cuStreamBeginCapture_v2_ptsz, decltype(::cuStreamBeginCapture_v2))         \
+  X(cuStreamBeginCaptureToGraph, decltype(::cuStreamBeginCaptureToGraph))      \
+  X(cuStreamBeginCaptureToGraph_ptsz, decltype(::cuStreamBeginCaptureToGraph)) \
+  X(cuStreamEndCapture, decltype(::cuStreamEndCapture))                        \
+  X(cuStreamEndCapture_ptsz, decltype(::cuStreamEndCapture))                   \
+  X(cuCtxCreate_v2, decltype(::cuCtxCreate_v2))                                \
+  X(cuCtxCreate_v3, decltype(::cuCtxCreate_v3))                                \
+  X(cuCtxCreate_v4, decltype(::cuCtxCreate_v4))                                \
+  X(cuGetProcAddress, decltype(::cuGetProcAddress))                            \
+  X(cuGetProcAddress_v2, decltype(::cuGetProcAddress_v2))
+
+enum class Hook : int {
+#define POOLSHIM_HOOK_ENUM(name, type) name,
+  POOLSHIM_DRIVER_HOOKS(POOLSHIM_HOOK_ENUM)
+#undef POOLSHIM_HOOK_ENUM
+      count
+};
+constexpr int kHooks = static_cast<int>(Hook::count);
+
+const char* const kHookNames[] = {
+#define POOLSHIM_HOOK_NAME(name, type) #name,
+    POOLSHIM_DRIVER_HOOKS(POOLSHIM_HOOK_NAME)
+#undef POOLSHIM_HOOK_NAME
+};
+
+// Our own hook of each (with -Bsymbolic-functions, &name is this library's definition).
+void* hook_address(int i) {
+  static void* const addresses[] = {
+#define POOLSHIM_HOOK_ADDRESS(name, type) reinterpret_cast<void*>(&::name),
+      POOLSHIM_DRIVER_HOOKS(POOLSHIM_HOOK_ADDRESS)
+#undef POOLSHIM_HOOK_ADDRESS
+  };
+  return addresses[i];
+}
+
+std::atomic<void*> g_real[kHooks];
+
+// libcuda.so.1's exported function `name`, resolved once. Null when the driver lacks it.
+void* real_export(int i) {
+  void* p = g_real[i].load(std::memory_order_acquire);
+  if (p != nullptr) return p;
+  void* library = poolshim::shim::driver_library();
+  p = library != nullptr ? poolshim::shim::real_dlsym()(library, kHookNames[i]) : nullptr;
+  if (p == hook_address(i)) p = nullptr;  // never hand a hook its own address as "real"
+  if (p != nullptr) g_real[i].store(p, std::memory_order_release);
+  return p;
+}
+
+// A driver without the entry point (too old): the call fails the way a missing one does.
+template <typename F>
+struct Missing;
+template <typename... Args>
+struct Missing<CUresult(Args...)> {
+  static CUresult call(Args...) { return CUDA_ERROR_NOT_SUPPORTED; }
+};
+
+// real::cuMemAlloc_v2()(...) calls libcuda's cuMemAlloc_v2.
+namespace real {
+#define POOLSHIM_REAL_ACCESSOR(name, type)                                                      \
+  inline std::add_pointer_t<type> name() {                                                      \
+    void* p = real_export(static_cast<int>(Hook::name));                                        \
+    return p != nullptr ? reinterpret_cast<std::add_pointer_t<type>>(p) : &Missing<type>::call; \
+  }
+POOLSHIM_DRIVER_HOOKS(POOLSHIM_REAL_ACCESSOR)
+#undef POOLSHIM_REAL_ACCESSOR
+}  // namespace real
+
+int hook_index(const char* name) {
+  for (int i = 0; i < kHooks; ++i) {
+    if (std::strcmp(kHookNames[i], name) == 0) return i;
+  }
+  return -1;
+}
+
+// Stream creation is visible to the shim once a caller holds our stream hooks.
+void note_handed_out(int i) {
+  const auto hook = static_cast<Hook>(i);
+  if (hook == Hook::cuStreamCreate || hook == Hook::cuStreamCreateWithPriority) {
+    poolshim::shim::streams().mark_observed();
+  }
+}
+
+// The hook for a real driver pointer, or the pointer itself when it is no hooked variant.
+void* substitute(void* real_pointer) {
+  for (int i = 0; i < kHooks; ++i) {
+    if (real_export(i) == real_pointer) {
+      note_handed_out(i);
+      return hook_address(i);
+    }
+  }
+  return real_pointer;
+}
+
+RealResult classify(CUresult r) {
+  if (r == CUDA_SUCCESS) return RealResult::success;
+  return r == CUDA_ERROR_OUT_OF_MEMORY ? RealResult::out_of_memory : RealResult::error;
+}
+
+// The core when this call may be routed (as in the runtime hooks), counting the call.
+Router* routable(const HookScope& scope) {
+  if (!scope.outermost()) return nullptr;
+  Router* router = router_for_call();
+  if (router == nullptr) return nullptr;
+  poolshim::shim::paths().driver_calls.fetch_add(1, std::memory_order_relaxed);
+  return captures_active() ? nullptr : router;
+}
+
+void count_unrouted_alloc(const HookScope& scope) {
+  if (!scope.outermost()) return;
+  if (Router* router = router_for_call()) router->note_passthrough_alloc(router->current_device());
+}
+
+bool is_default_stream(CUstream s) {
+  return s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+
+// In the _ptsz variants, stream 0 is the calling thread's default stream.
+CUstream per_thread(CUstream s, bool ptsz) {
+  return (ptsz && s == nullptr) ? CU_STREAM_PER_THREAD : s;
+}
+
+template <typename Real>
+CUresult mem_alloc_async(Real real_fn, CUdeviceptr* dptr, size_t bytes, CUstream stream,
+                         bool ptsz) {
+  HookScope scope;
+  Router* router = routable(scope);
+  if (router == nullptr || dptr == nullptr || bytes == 0) {
+    count_unrouted_alloc(scope);
+    return real_fn(dptr, bytes, stream);
+  }
+  const CUstream s = per_thread(stream, ptsz);
+  const int device = is_default_stream(s) ? router->current_device() : router->stream_device(s);
+  if (device < 0) return real_fn(dptr, bytes, stream);  // no context or a bad stream: native error
+  CUresult result = CUDA_SUCCESS;
+  CUdeviceptr p = 0;
+  if (router->allocate_async(device, bytes, s, &p,
+                             [&] { return classify(result = real_fn(dptr, bytes, stream)); })) {
+    *dptr = p;
+  }
+  return result;
+}
+
+template <typename Real>
+CUresult mem_free_async(Real real_fn, CUdeviceptr dptr, CUstream stream, bool ptsz) {
+  HookScope scope;
+  Router* router = scope.outermost() ? router_for_call() : nullptr;
+  if (router == nullptr || dptr == 0) return real_fn(dptr, stream);
+  poolshim::shim::paths().driver_calls.fetch_add(1, std::memory_order_relaxed);
+  CUresult result = CUDA_SUCCESS;
+  auto call_real = [&] { return classify(result = real_fn(dptr, stream)); };
+  void* ptr = reinterpret_cast<void*>(dptr);
+  if (captures_active()) {
+    router->free_unrouted(ptr, router->current_device(), call_real);
+  } else {
+    router->free_async(ptr, per_thread(stream, ptsz), call_real);
+  }
+  return result;
+}
+
+template <typename Real>
+CUresult alloc_from_app_pool(Real real_fn, CUdeviceptr* dptr, size_t bytes, CUmemoryPool pool,
+                             CUstream stream, bool ptsz) {
+  HookScope scope;
+  if (scope.outermost()) {
+    if (Router* router = router_for_call()) {
+      const CUstream s = per_thread(stream, ptsz);
+      router->note_app_pool_alloc(is_default_stream(s) ? router->current_device()
+                                                       : router->stream_device(s));
+    }
+  }
+  return real_fn(dptr, bytes, pool, stream);
+}
+
+CUresult begin_capture_result(CUresult r, const HookScope& scope, CUstream stream, bool ptsz) {
+  if (r == CUDA_SUCCESS && scope.outermost()) {
+    poolshim::shim::capture_began(reinterpret_cast<cudaStream_t>(per_thread(stream, ptsz)));
+  }
+  return r;
+}
+
+CUresult end_capture(decltype(&::cuStreamEndCapture) real_fn, CUstream stream, CUgraph* graph,
+                     bool ptsz) {
+  HookScope scope;
+  const CUresult r = real_fn(stream, graph);
+  if (scope.outermost()) {
+    poolshim::shim::capture_ended(reinterpret_cast<cudaStream_t>(per_thread(stream, ptsz)));
+  }
+  return r;
+}
+
+// A driver function the shim calls for its own bookkeeping (not hooked), resolved once.
+template <typename F>
+F* unhooked(const char* name, std::atomic<void*>& cache) {
+  void* p = cache.load(std::memory_order_acquire);
+  if (p == nullptr) {
+    void* library = poolshim::shim::driver_library();
+    p = library != nullptr ? poolshim::shim::real_dlsym()(library, name) : nullptr;
+    cache.store(p, std::memory_order_release);
+  }
+  return reinterpret_cast<F*>(p);
+}
+
+void register_stream(CUresult r, const CUstream* stream, unsigned int flags) {
+  poolshim::shim::streams().mark_observed();
+  // Blocking streams need no entry: the legacy default stream orders them (DESIGN §3).
+  if (r != CUDA_SUCCESS || stream == nullptr || (flags & CU_STREAM_NON_BLOCKING) == 0) return;
+  static std::atomic<void*> get_device{nullptr};
+  auto* stream_get_device =
+      unhooked<decltype(::cuStreamGetDevice)>("cuStreamGetDevice", get_device);
+  CUdevice device = -1;
+  if (stream_get_device == nullptr || stream_get_device(*stream, &device) != CUDA_SUCCESS) {
+    device = -1;  // unknown device: never waited for, so ordered frees must not trust the list
+    poolshim::shim::streams().mark_foreign_context();
+  }
+  poolshim::shim::streams().add(*stream, static_cast<int>(device));
+}
+
+}  // namespace
+
+// ---- the exported hooks ------------------------------------------------------------------
+
+POOLSHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  HookScope scope;
+  const auto real_fn = real::cuMemAlloc_v2();
+  Router* router = routable(scope);
+  if (router == nullptr || dptr == nullptr || bytesize == 0) {
+    count_unrouted_alloc(scope);
+    return real_fn(dptr, bytesize);
+  }
+  // The driver allocates in the current context; none current: the real call says so.
+  const int device = router->current_device();
+  if (device < 0) return real_fn(dptr, bytesize);
+  CUresult result = CUDA_SUCCESS;
+  CUdeviceptr p = 0;
+  if (router->allocate_sync(device, bytesize, &p,
+                            [&] { return classify(result = real_fn(dptr, bytesize)); })) {
+    *dptr = p;
+  }
+  return result;
+}
+
+POOLSHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  HookScope scope;
+  const auto real_fn = real::cuMemFree_v2();
+  Router* router = scope.outermost() ? router_for_call() : nullptr;
+  if (router == nullptr || dptr == 0) return real_fn(dptr);
+  poolshim::shim::paths().driver_calls.fetch_add(1, std::memory_order_relaxed);
+  CUresult result = CUDA_SUCCESS;
+  auto call_real = [&] { return classify(result = real_fn(dptr)); };
+  void* ptr = reinterpret_cast<void*>(dptr);
+  if (captures_active()) {
+    router->free_unrouted(ptr, router->current_device(), call_real);
+  } else {
+    router->free_sync(ptr, router->current_device(), call_real);
+  }
+  return result;
+}
+
+POOLSHIM_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
+  HookScope scope;
+  const CUresult result = real::cuMemGetInfo_v2()(free, total);
+  Router* router = scope.outermost() ? router_for_call() : nullptr;
+  if (result != CUDA_SUCCESS || router == nullptr || free == nullptr || total == nullptr)
+    return result;
+  const std::uint64_t unused = router->unused_bytes(router->current_device());
+  *free = static_cast<size_t>(std::min<std::uint64_t>(*free + unused, *total));
+  return result;
+}
+
+POOLSHIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream hStream) {
+  return mem_alloc_async(real::cuMemAllocAsync(), dptr, bytesize, hStream, false);
+}
+
+POOLSHIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize,
+                                              CUstream hStream) {
+  return mem_alloc_async(real::cuMemAllocAsync_ptsz(), dptr, bytesize, hStream, true);
+}
+
+POOLSHIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+  return mem_free_async(real::cuMemFreeAsync(), dptr, hStream, false);
+}
+
+POOLSHIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+  return mem_free_async(real::cuMemFreeAsync_ptsz(), dptr, hStream, true);
+}
+
+POOLSHIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize,
+                                                 CUmemoryPool pool, CUstream hStream) {
+  return alloc_from_app_pool(real::cuMemAllocFromPoolAsync(), dptr, bytesize, pool, hStream, false);
+}
+
+POOLSHIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize,
+                                                      CUmemoryPool pool, CUstream hStream) {
+  return alloc_from_app_pool(real::cuMemAllocFromPoolAsync_ptsz(), dptr, bytesize, pool, hStream,
+                             true);
+}
+
+POOLSHIM_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+  HookScope scope;
+  const CUresult result = real::cuDeviceSetMemPool()(dev, pool);
+  Router* router = scope.outermost() ? router_for_call() : nullptr;
+  if (result == CUDA_SUCCESS && router != nullptr) {
+    static std::atomic<void*> cache{nullptr};
+    auto* get_default =
+        unhooked<decltype(::cuDeviceGetDefaultMemPool)>("cuDeviceGetDefaultMemPool", cache);
+    CUmemoryPool default_pool = nullptr;
+    const bool known = get_default != nullptr && get_default(&default_pool, dev) == CUDA_SUCCESS;
+    router->set_app_pool(static_cast<int>(dev), !known || pool != default_pool);
+  }
+  return result;
+}
+
+namespace {
+CUresult reset_device(decltype(&::cuDevicePrimaryCtxReset_v2) real_fn, CUdevice dev) {
+  HookScope scope;
+  Router* router = scope.outermost() ? router_for_call() : nullptr;
+  if (router != nullptr) router->before_device_reset(static_cast<int>(dev));
+  return real_fn(dev);
+}
+
+CUresult destroy_stream(decltype(&::cuStreamDestroy_v2) real_fn, CUstream stream) {
+  poolshim::StreamRegistry::Entry entry;
+  if (poolshim::shim::streams().remove(stream, &entry)) {
+    if (Router* router = poolshim::shim::router_if_running()) router->before_stream_destroy(entry);
+  }
+  return real_fn(stream);
+}
+}  // namespace
+
+POOLSHIM_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+  return reset_device(real::cuDevicePrimaryCtxReset(), dev);
+}
+
+POOLSHIM_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  return reset_device(real::cuDevicePrimaryCtxReset_v2(), dev);
+}
+
+POOLSHIM_EXPORT CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
+  const CUresult r = real::cuStreamCreate()(phStream, Flags);
+  register_stream(r, phStream, Flags);
+  return r;
+}
+
+POOLSHIM_EXPORT CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int flags,
+                                                    int priority) {
+  const CUresult r = real::cuStreamCreateWithPriority()(phStream, flags, priority);
+  register_stream(r, phStream, flags);
+  return r;
+}
+
+POOLSHIM_EXPORT CUresult cuStreamDestroy(CUstream hStream) {
+  return destroy_stream(real::cuStreamDestroy(), hStream);
+}
+
+POOLSHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
+  return destroy_stream(real::cuStreamDestroy_v2(), hStream);
+}
+
+POOLSHIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+  HookScope scope;
+  return begin_capture_result(real::cuStreamBeginCapture_v2()(hStream, mode), scope, hStream,
+                              false);
+}
+
+POOLSHIM_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
+  HookScope scope;
+  return begin_capture_result(real::cuStreamBeginCapture_v2_ptsz()(hStream, mode), scope, hStream,
+                              true);
+}
+
+POOLSHIM_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                                     const CUgraphNode* dependencies,
+                                                     const CUgraphEdgeData* dependencyData,
+                                                     size_t numDependencies,
+                                                     CUstreamCaptureMode mode) {
+  HookScope scope;
+  return begin_capture_result(
+      real::cuStreamBeginCaptureToGraph()(hStream, hGraph, dependencies, dependencyData,
+                                          numDependencies, mode),
+      scope, hStream, false);
+}
+
+POOLSHIM_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                                          const CUgraphNode* dependencies,
+                                                          const CUgraphEdgeData* dependencyData,
+                                                          size_t numDependencies,
+                                                          CUstreamCaptureMode mode) {
+  HookScope scope;
+  return begin_capture_result(
+      real::cuStreamBeginCaptureToGraph_ptsz()(hStream, hGraph, dependencies, dependencyData,
+                                               numDependencies, mode),
+      scope, hStream, true);
+}
+
+POOLSHIM_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
+  return end_capture(real::cuStreamEndCapture(), hStream, phGraph, false);
+}
+
+POOLSHIM_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph) {
+  return end_capture(real::cuStreamEndCapture_ptsz(), hStream, phGraph, true);
+}
+
+// A context of the application's own: its work is not covered by ordered frees.
+POOLSHIM_EXPORT CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev) {
+  const CUresult r = real::cuCtxCreate_v2()(pctx, flags, dev);
+  if (r == CUDA_SUCCESS) poolshim::shim::streams().mark_foreign_context();
+  return r;
+}
+
+POOLSHIM_EXPORT CUresult cuCtxCreate_v3(CUcontext* pctx, CUexecAffinityParam* paramsArray,
+                                        int numParams, unsigned int flags, CUdevice dev) {
+  const CUresult r = real::cuCtxCreate_v3()(pctx, paramsArray, numParams, flags, dev);
+  if (r == CUDA_SUCCESS) poolshim::shim::streams().mark_foreign_context();
+  return r;
+}
+
+POOLSHIM_EXPORT CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxCreateParams,
+                                        unsigned int flags, CUdevice dev) {
+  const CUresult r = real::cuCtxCreate_v4()(pctx, ctxCreateParams, flags, dev);
+  if (r == CUDA_SUCCESS) poolshim::shim::streams().mark_foreign_context();
+  return r;
+}
+
+// The runtime finds the driver's entry points through cuGetProcAddress (it even looks the
+// function up through itself: the hook then returns itself). The real function chooses the
+// variant for the caller's version and flags; the hook hands back our hook of that variant.
+POOLSHIM_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
+                                             cuuint64_t flags,
+                                             CUdriverProcAddressQueryResult* symbolStatus) {
+  const CUresult r = real::cuGetProcAddress_v2()(symbol, pfn, cudaVersion, flags, symbolStatus);
+  if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) {
+    void* answer = substitute(*pfn);
+    if (answer != *pfn)
+      poolshim::shim::paths().proc_address_answers.fetch_add(1, std::memory_order_relaxed);
+    *pfn = answer;
+  }
+  return r;
+}
+
+POOLSHIM_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
+                                          cuuint64_t flags) {
+  const CUresult r = real::cuGetProcAddress()(symbol, pfn, cudaVersion, flags);
+  if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) {
+    void* answer = substitute(*pfn);
+    if (answer != *pfn)
+      poolshim::shim::paths().proc_address_answers.fetch_add(1, std::memory_order_relaxed);
+    *pfn = answer;
+  }
+  return r;
+}
+
+// ---- dlsym ---------------------------------------------------------------------------------
+
+namespace poolshim::shim {
+
+DlsymFunction real_dlsym() {
+  static DlsymFunction found = [] {
+    void* f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (f == nullptr) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    if (f == nullptr) {
+      static const char message[] = "poolshim: fatal: cannot find the C library's dlsym\n";
+      const ssize_t ignored = write(STDERR_FILENO, message, sizeof message - 1);
+      (void)ignored;
+      std::abort();
+    }
+    return reinterpret_cast<DlsymFunction>(f);
+  }();
+  return found;
+}
+
+void* driver_library() {
+  static std::atomic<void*> handle{nullptr};
+  void* h = handle.load(std::memory_order_acquire);
+  if (h == nullptr) {
+    h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h != nullptr) handle.store(h, std::memory_order_release);
+  }
+  return h;
+}
+
+}  // namespace poolshim::shim
+
+// Answers dlsym(handle, name) with our hook when `name` is a hooked driver entry point and
+// the handle's answer is libcuda's own function; returns null for everything else, and the
+// trampoline then jumps to the real dlsym with the caller's return address intact.
+void* poolshim_dlsym_intercept(void* handle, const char* name) {
+  if (poolshim_real_dlsym == nullptr) {
+    poolshim_real_dlsym = reinterpret_cast<void*>(poolshim::shim::real_dlsym());
+  }
+  // RTLD_DEFAULT and RTLD_NEXT search the global scope, where our exports already come first
+  // for the callers they should: leave them to the real dlsym (and its caller-relative rules).
+  if (name == nullptr || handle == RTLD_DEFAULT || handle == RTLD_NEXT) return nullptr;
+  if (name[0] != 'c' || name[1] != 'u') return nullptr;
+  const int i = hook_index(name);
+  if (i < 0) return nullptr;
+  void* answer = poolshim::shim::real_dlsym()(handle, name);
+  if (answer == nullptr || answer != real_export(i)) return nullptr;
+  poolshim::shim::paths().dlsym_answers.fetch_add(1, std::memory_order_relaxed);
+  note_handed_out(i);
+  return hook_address(i);
+}
