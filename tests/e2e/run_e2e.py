@@ -16,8 +16,9 @@ import tempfile
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from harness import (ROOT, Failure, compare, exit_device, expect, expect_equal, logs_in,  # noqa: E402
-                     parse_fields, poolshim_log, records_of, run_process, clean_environment, with_shim)
+from harness import (ROOT, Failure, check_proc_address, compare, exit_device, expect,  # noqa: E402
+                     expect_equal, logs_in, parse_fields, poolshim_log, records_of, run_process,
+                     clean_environment, with_shim)
 
 MiB = 1 << 20
 CASES = {}
@@ -325,35 +326,6 @@ def case_shared_runtime_counted_once_by_the_runtime_hooks(tmp):
     expect_equal(ex["paths"]["runtime_hooks"], 2 * 1064, "runtime hook calls (allocs and frees)")
     expect_equal(ex["paths"]["driver_hooks"], 0, "driver hook calls (all nested under runtime hooks)")
     expect(ex["paths"]["cuGetProcAddress"] >= 1, "the runtime's driver lookups went through the hook")
-
-
-# The variants of every hooked driver entry point: what the real (double) driver answers for a
-# name, version and flags is the variant; the shim hands back its hook of exactly that variant.
-HOOKED_VARIANTS = {
-    "cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetInfo_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz",
-    "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz",
-    "cuDeviceSetMemPool", "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", "cuStreamCreate",
-    "cuStreamCreateWithPriority", "cuStreamDestroy", "cuStreamDestroy_v2", "cuStreamBeginCapture_v2",
-    "cuStreamBeginCapture_v2_ptsz", "cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph_ptsz",
-    "cuStreamEndCapture", "cuStreamEndCapture_ptsz", "cuCtxCreate_v2", "cuCtxCreate_v3", "cuCtxCreate_v4",
-    "cuGetProcAddress", "cuGetProcAddress_v2"}
-
-
-def check_proc_address(native_out, shim_out):
-    native_lines, shim_lines = native_out.splitlines(), shim_out.splitlines()
-    expect_equal(len(shim_lines), len(native_lines), "lookups")
-    hooked = 0
-    for n, s in zip(native_lines, shim_lines):
-        n_query, n_answer = n.split(" -> ")
-        s_query, s_answer = s.split(" -> ")
-        expect_equal(s_query, n_query, "query")
-        n_result, n_status, n_variant, n_owner = n_answer.split()
-        s_result, s_status, s_variant, s_owner = s_answer.split()
-        expect_equal((s_result, s_status, s_variant), (n_result, n_status, n_variant), f"answer to {n_query}")
-        wanted = "poolshim" if n_variant in HOOKED_VARIANTS else n_owner
-        expect_equal(s_owner, wanted, f"owner of the answer to {n_query} ({n_variant})")
-        hooked += s_owner == "poolshim"
-    return hooked
 
 
 @case

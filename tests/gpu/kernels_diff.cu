@@ -145,12 +145,38 @@ void sticky_error_after_fault() {
               cudaGetErrorName(cudaGetLastError()));
 }
 
+// Proof that the corruption check above can fail: a buffer freed with cudaFreeAsync on a
+// stream that is NOT ordered after the late kernel is reused at once on that stream, and the
+// kernel's late writes land in the new buffer. This is an application bug, natively too.
+void detector_self_check() {
+  const size_t n = size_t{8} << 20;
+  cudaStream_t s, other;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  std::uint32_t* a = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&a, n * 4, other));
+  CHECK_CUDA(cudaStreamSynchronize(other));
+  late_fill<<<264, 256, 0, s>>>(a, n, 0xCCCCCCCCu, 20000000ULL);
+  CHECK_CUDA(cudaFreeAsync(a, other));  // wrong stream: nothing orders it after the kernel
+  std::uint32_t* b = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&b, n * 4, other));
+  fill<<<264, 256, 0, other>>>(b, n, 0x33333333u);
+  CHECK_CUDA(cudaStreamSynchronize(other));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  const bool reused = b == a;
+  const unsigned long long bad = mismatches(b, n, 0x33333333u, other);
+  std::printf("detector_self_check: block_reused=%d corruption_detected=%d\n", reused, bad > 0);
+  CHECK_CUDA(cudaFreeAsync(b, other));
+  CHECK_CUDA(cudaDeviceSynchronize());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   free_while_kernel_runs();
   async_two_streams();
   default_stream_checksum();
+  if (argc > 1 && std::string_view(argv[1]) == "selfcheck") detector_self_check();
   if (argc > 1 && std::string_view(argv[1]) == "fault") sticky_error_after_fault();
   return 0;
 }

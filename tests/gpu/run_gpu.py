@@ -27,19 +27,26 @@ import traceback
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from harness import (ROOT, Failure, clean_environment, compare, exit_device, exit_record, expect,  # noqa: E402
-                     expect_equal, logs_in, parse_fields, poolshim_log, records_of, run_process, with_shim)
+from harness import (ROOT, Failure, check_proc_address, clean_environment, compare, exit_device,  # noqa: E402
+                     exit_record, expect, expect_equal, logs_in, parse_fields, poolshim_log, records_of,
+                     run_process, with_shim)
 
 CUDA = os.environ.get("CUDA_HOME", "/usr/local/cuda")
-PROGRAMS = {  # name -> (source, extra nvcc flags)
+PROGRAMS = {  # name -> (source, extra nvcc flags); each built with the shared and the static runtime
     "api_edges": ("tests/programs/api_edges.cpp", []),
     "churn": ("tests/programs/churn.cpp", []),
     "demo": ("tests/programs/demo.cpp", []),
     "oom_exit": ("tests/programs/oom_exit.cpp", []),
     "threads": ("tests/programs/threads.cpp", []),
+    "dlsym_semantics": ("tests/programs/dlsym_semantics.cpp", ["-ldl"]),
     "kernels_diff": ("tests/gpu/kernels_diff.cu", []),
     "kernels_diff_ptds": ("tests/gpu/kernels_diff.cu", ["--default-stream", "per-thread"]),
     "churn_ptds": ("tests/programs/churn.cpp", ["-DCUDA_API_PER_THREAD_DEFAULT_STREAM=1"]),
+}
+DRIVER_PROGRAMS = {  # no CUDA runtime at all
+    "driver_alloc": ("tests/programs/driver_alloc.cpp", ["-ldl"]),
+    "driver_linked": ("tests/programs/driver_linked.cpp", ["-lcuda"]),
+    "proc_address": ("tests/programs/proc_address.cpp", ["-ldl"]),
 }
 RUNTIMES = ("shared", "static")
 
@@ -58,13 +65,14 @@ class Suite:
 
     def compile_all(self):
         jobs = []
-        for name, (source, flags) in PROGRAMS.items():
-            for runtime in RUNTIMES:
-                target = self.binary(name, runtime)
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                jobs.append([os.path.join(CUDA, "bin", "nvcc"), "-O2", "-std=c++17", "-arch=sm_90",
-                             "-Itests/programs", "-cudart", runtime, *flags, os.path.join(ROOT, source),
-                             "-o", target, "-lpthread"])
+        builds = [(name, source, flags, runtime) for name, (source, flags) in PROGRAMS.items() for runtime in RUNTIMES]
+        builds += [(name, source, flags, "none") for name, (source, flags) in DRIVER_PROGRAMS.items()]
+        for name, source, flags, runtime in builds:
+            target = self.binary(name, runtime)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            jobs.append([os.path.join(CUDA, "bin", "nvcc"), "-O2", "-std=c++17", "-arch=sm_90",
+                         "-Itests/programs", "-cudart", runtime, os.path.join(ROOT, source),
+                         "-o", target, "-lpthread", *flags])
         with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
             done = list(pool.map(lambda cmd: subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True), jobs))
         for cmd, d in zip(jobs, done):
@@ -108,68 +116,66 @@ class Suite:
         print(f"{status:6} {name} ({time.time() - started:.1f} s){': ' + detail if detail else ''}", flush=True)
 
     # ---- differential cases -----------------------------------------------------------
-    def pooled(self, logs, expected=None):
-        expect_equal(len(logs), 1, "logs")
-        ex = exit_record(logs[0])
+    def pooled(self, logs, expected=None, runtime="shared"):
+        """The one log of a run: allocations pooled (exactly `expected` when given), through
+        the runtime hooks for a shared-runtime build and the driver hooks for a static one."""
+        main = [l for l in logs if exit_record(l)["pooled_allocs"] > 0] or logs
+        expect_equal(len(main), 1, "logs with pooled allocations")
+        ex = exit_record(main[0])
         if expected is None:
             expect(ex["pooled_allocs"] > 0, f"nothing pooled: {ex}")
         else:
             expect_equal(ex["pooled_allocs"], expected, "pooled allocations")
+        if runtime == "static":
+            expect_equal(ex["paths"]["runtime_hooks"], 0, "runtime hook calls of a static-runtime build")
+            expect(ex["paths"]["driver_hooks"] > 0 and ex["paths"]["cuGetProcAddress"] > 0, ex["paths"])
+        elif runtime == "shared":
+            expect(ex["paths"]["runtime_hooks"] > 0, ex["paths"])
         return ex
-
-    def untouched(self, logs):
-        expect_equal(len(logs), 1, "logs")
-        ex = exit_record(logs[0])
-        expect_equal(ex["pooled_allocs"], 0, "pooled allocations of a static-runtime program")
-        expect(any("probably links the CUDA runtime statically" in n for n in ex["notes"]), ex["notes"])
 
     def run_differential_cases(self):
         for runtime in RUNTIMES:
-            shared = runtime == "shared"
-            check = (lambda logs, n=None: self.pooled(logs, n)) if shared else (lambda logs, n=None: self.untouched(logs))
+            def check(logs, n=None, runtime=runtime):
+                return self.pooled(logs, n, runtime)
 
-            def api_edges(runtime=runtime, check=check, shared=shared):
+            def api_edges(runtime=runtime, check=check):
                 native, shim, logs = self.differential(f"api_edges-{runtime}", [self.binary("api_edges", runtime)])
                 for line in ("oom_huge: cudaErrorMemoryAllocation", "final_last_error: cudaSuccess"):
                     expect(line in shim.out, f"missing {line!r}:\n{shim.out}")
-                check(logs)
-                if shared:
-                    ex, d = exit_device(logs[0])
-                    expect_equal(d["ooms"], 1, "ooms")
-                    expect_equal(d["reset_dropped"], 1, "reset_dropped")
-                    expect_equal(ex["leaks"]["count"], 0, "leaks")
-                    return f"pooled {ex['pooled_allocs']}, oom retries {d['oom_retries']} ({d['oom_retry_successes']} ok)\n" + shim.out
-                return shim.out
+                ex = check(logs)
+                ex, d = exit_device(logs[0])
+                expect_equal(d["ooms"], 1, "ooms")
+                expect_equal(d["reset_dropped"], 1, "reset_dropped")
+                expect_equal(ex["leaks"]["count"], 0, "leaks")
+                return (f"pooled {ex['pooled_allocs']}, oom retries {d['oom_retries']} ({d['oom_retry_successes']} ok), "
+                        f"paths {ex['paths']}")
             self.case(f"api_edges [{runtime}]", api_edges)
 
             def churn(runtime=runtime, check=check):
                 native, shim, logs = self.differential(f"churn-{runtime}", [self.binary("churn", runtime), "2000", "64"])
-                check(logs, 2064)
-            self.case(f"churn [{runtime}]", churn)
+                return f"paths {check(logs, 2064)['paths']}"
+            self.case(f"churn, counted once [{runtime}]", churn)
 
-            def churn_async(runtime=runtime, check=check, shared=shared):
+            def churn_async(runtime=runtime, check=check):
                 native, shim, logs = self.differential(f"churn-async-{runtime}", [self.binary("churn_ptds", runtime), "2000", "64", str(128 << 20), "async"])
                 check(logs, 2064)
-                if shared:
-                    expect_equal(exit_device(logs[0])[1]["async_allocs"], 2064, "async allocations (_ptsz)")
+                expect_equal(exit_device(logs[0])[1]["async_allocs"], 2064, "async allocations (_ptsz)")
             self.case(f"churn async, per-thread default stream [{runtime}]", churn_async)
 
             def demo(runtime=runtime, check=check):
                 native, shim, logs = self.differential(f"demo-{runtime}", [self.binary("demo", runtime), "100"])
                 check(logs, 1 + 100 * 7)
-                if runtime == "shared":
-                    expect_equal(exit_record(logs[0])["leaks"]["bytes"], 3 << 20, "leaked bytes")
+                expect_equal(exit_record(logs[0])["leaks"]["bytes"], 3 << 20, "leaked bytes")
             self.case(f"demo [{runtime}]", demo)
 
-            def oom_exit(runtime=runtime, check=check, shared=shared):
+            def oom_exit(runtime=runtime, check=check):
                 native, shim, logs = self.differential(f"oom_exit-{runtime}", [self.binary("oom_exit", runtime)])
                 expect_equal(shim.rc, 3, "exit status")
                 check(logs)
-                if shared:
-                    ooms = records_of(logs[0], "oom")
-                    expect_equal(len(ooms), 1, "oom records")
-                    expect_equal(ooms[0]["verdict"], "exhausted", "verdict")
-                    return [l for l in shim.err.splitlines() if "out of memory" in l][0]
+                ooms = records_of(logs[0], "oom")
+                expect_equal(len(ooms), 1, "oom records")
+                expect_equal(ooms[0]["verdict"], "exhausted", "verdict")
+                return [l for l in shim.err.splitlines() if "out of memory" in l][0]
             self.case(f"oom_exit [{runtime}]", oom_exit)
 
             def threads(runtime=runtime, check=check):
@@ -177,21 +183,73 @@ class Suite:
                 check(logs, 2400)
             self.case(f"threads [{runtime}]", threads)
 
+            def dlsym_semantics(runtime=runtime):
+                native, shim, logs = self.differential(f"dlsym-{runtime}", [self.binary("dlsym_semantics", runtime)])
+                expect("rtld_next_is_caller_relative: 1" in shim.out, shim.out)
+                expect("cuMemAlloc_v2 from poolshim" in shim.err, shim.err)
+            self.case(f"dlsym keeps native semantics [{runtime}]", dlsym_semantics)
+
             for variant in ("kernels_diff", "kernels_diff_ptds"):
-                def kernels(runtime=runtime, check=check, variant=variant):
-                    native, shim, logs = self.differential(f"{variant}-{runtime}", [self.binary(variant, runtime), "fault"])
-                    for line in shim.out.splitlines():
-                        if "corrupted=" in line:
-                            expect_equal(parse_fields(line)["corrupted"], "0", line)
-                    check(logs)
-                    return shim.out
-                self.case(f"{variant} [{runtime}]", kernels)
+                for mode in ("sync", "ordered"):
+                    def kernels(runtime=runtime, check=check, variant=variant, mode=mode):
+                        native, shim, logs = self.differential(
+                            f"{variant}-{mode}-{runtime}", [self.binary(variant, runtime), "fault"],
+                            {"POOLSHIM_FREE": mode})
+                        for line in shim.out.splitlines():
+                            if "corrupted=" in line:
+                                expect_equal(parse_fields(line)["corrupted"], "0", line)
+                        ex = check(logs)
+                        d = exit_device(logs[0])[1]
+                        if mode == "ordered":
+                            expect(d["ordered_frees"] > 0, f"no ordered free: {d}")
+                        return f"ordered frees {d['ordered_frees']} of {d['frees']}\n" + shim.out
+                    self.case(f"{variant}, free mode {mode} [{runtime}]", kernels)
+
+        def selfcheck():
+            native, shim, logs = self.differential("selfcheck", [self.binary("kernels_diff", "shared"), "selfcheck"])
+            expect("detector_self_check: block_reused=1 corruption_detected=1" in shim.out, shim.out)
+            return [l for l in shim.out.splitlines() if "self_check" in l][0]
+        self.case("the corruption check can fail (an unordered free, natively too)", selfcheck)
+
+        def driver_alloc():
+            native, shim, logs = self.differential("driver_alloc", [self.binary("driver_alloc", "none")])
+            ex = self.pooled(logs, 1, "driver")
+            expect(ex["paths"]["dlsym"] >= 2, ex["paths"])
+        self.case("driver API through dlsym (driver_alloc)", driver_alloc)
+
+        def driver_linked():
+            native, shim, logs = self.differential("driver_linked", [self.binary("driver_linked", "none")])
+            ex = self.pooled(logs, 200, "driver")
+            expect_equal(exit_device(logs[0])[1]["async_allocs"], 100, "cuMemAllocAsync allocations")
+            return f"paths {ex['paths']}"
+        self.case("driver API linked with -lcuda (driver_linked)", driver_linked)
+
+        def proc_address():
+            native = run_process([self.binary("proc_address", "none")], self.env(), 120)
+            shim = run_process([self.binary("proc_address", "none")], with_shim(self.env(), self.library, None), 120)
+            expect_equal((native.rc, shim.rc), (0, 0), f"{native.describe()}\n{shim.describe()}")
+            hooked = check_proc_address(native.out, shim.out)
+            expect("cuGetProcAddress 12000 0 -> 0 0 cuGetProcAddress_v2 poolshim" in shim.out, shim.out)
+            with open(os.path.join(self.out, "proc_address-driver.txt"), "w") as f:
+                f.write(native.out)
+            return f"{hooked} of {len(shim.out.splitlines())} lookups answered with the hook of the driver's chosen variant"
+        self.case("cuGetProcAddress: every hooked name, version and flag on the real driver", proc_address)
+
+        for framework, script in (("numba", "numba_alloc.py"), ("jax", "jax_alloc.py")):
+            def python_framework(framework=framework, script=script):
+                native, shim, logs = self.differential(f"{framework}", [sys.executable, os.path.join(HERE, script)],
+                                                       {"PYTHONUNBUFFERED": "1"}, timeout=300)
+                ex = self.pooled(logs, None, "driver")
+                d = exit_device([l for l in logs if exit_record(l)["pooled_allocs"] > 0][0])[1]
+                return (f"{shim.out.strip()}; pooled {ex['pooled_allocs']} ({d['async_allocs']} async), "
+                        f"paths {ex['paths']}")
+            self.case(f"{framework} allocates through the driver API, pooled", python_framework)
 
     # ---- measurements -----------------------------------------------------------------
-    def churn_rate(self, args, shim, repeats=3):
+    def churn_rate(self, args, shim, repeats=3, mode="sync"):
         rates = []
         for _ in range(repeats):
-            env = self.env({"POOLSHIM_LOG": ""})
+            env = self.env({"POOLSHIM_LOG": "", "POOLSHIM_FREE": mode})
             if shim:
                 env = with_shim(env, self.library, None)
             r = run_process(args, env, 600)
@@ -205,10 +263,13 @@ class Suite:
             args = [self.binary("churn", "shared"), str(iterations), str(live), str(128 << 20)]
             native, native_all = self.churn_rate(args, False)
             shim, shim_all = self.churn_rate(args, True)
+            ordered, ordered_all = self.churn_rate(args, True, mode="ordered")
             table[f"churn {live} live"] = {"native_us": native, "shim_us": shim, "ratio": native / shim,
-                                           "native_runs": native_all, "shim_runs": shim_all}
+                                           "ordered_us": ordered, "ordered_ratio": native / ordered,
+                                           "native_runs": native_all, "shim_runs": shim_all, "ordered_runs": ordered_all}
         self.results["measurements"]["churn"] = table
-        return "; ".join(f"{k}: native {v['native_us']:.2f} us/pair, shim {v['shim_us']:.2f} us/pair, {v['ratio']:.1f}x"
+        return "; ".join(f"{k}: native {v['native_us']:.2f} us/pair, shim sync {v['shim_us']:.2f} ({v['ratio']:.1f}x), "
+                         f"shim ordered {v['ordered_us']:.2f} ({v['ordered_ratio']:.1f}x)"
                          for k, v in table.items())
 
     def torch_run(self, label, extra, shim):
@@ -227,7 +288,14 @@ class Suite:
         cached, cached_ms, cached_mb, _ = self.torch_run("cached", {}, False)
         uncached, uncached_ms, _, _ = self.torch_run("uncached", {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, False)
         shimmed, shim_ms, _, logs = self.torch_run("uncached-shim", {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, True)
+        ordered, ordered_ms, _, ordered_logs = self.torch_run(
+            "uncached-shim-ordered", {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "POOLSHIM_FREE": "ordered"}, True)
         expect_equal(shimmed, uncached, "losses with and without the shim (uncached)")
+        expect_equal(ordered, uncached, "losses with the shim in free mode ordered (uncached)")
+        ordered_main = [l for l in ordered_logs if exit_record(l)["pooled_allocs"] > 0]
+        expect_equal(len(ordered_main), 1, "ordered-mode logs with pooled allocations")
+        ordered_device = exit_device(ordered_main[0])[1]
+        expect(ordered_device["ordered_frees"] > 0, f"no ordered frees: {ordered_device}")
         expect_equal(len(uncached), 45, "loss lines")
         main_logs = [l for l in logs if exit_record(l)["pooled_allocs"] > 0]
         expect_equal(len(main_logs), 1, "logs with pooled allocations")
@@ -236,9 +304,14 @@ class Suite:
             "cached_ms": cached_ms, "cached_max_reserved_mb": cached_mb, "uncached_ms": uncached_ms,
             "uncached_shim_ms": shim_ms, "uncached_over_shim": uncached_ms / shim_ms,
             "shim_over_cached": shim_ms / cached_ms, "pooled_allocs": ex["pooled_allocs"],
+            "uncached_shim_ordered_ms": ordered_ms, "ordered_over_cached": ordered_ms / cached_ms,
+            "ordered_frees": ordered_device["ordered_frees"], "frees": ordered_device["frees"],
             "losses_identical": True, "same_as_cached": cached == uncached}
-        return (f"step ms: cached {cached_ms:.2f}, uncached {uncached_ms:.2f}, uncached+shim {shim_ms:.2f} "
-                f"(uncached/shim {uncached_ms / shim_ms:.2f}x, shim/cached {shim_ms / cached_ms:.2f}x); "
+        return (f"step ms: cached {cached_ms:.2f}, uncached {uncached_ms:.2f}, uncached+shim sync {shim_ms:.2f}, "
+                f"uncached+shim ordered {ordered_ms:.2f} ({ordered_device['ordered_frees']} of "
+                f"{ordered_device['frees']} frees ordered) "
+                f"(uncached/shim {uncached_ms / shim_ms:.2f}x, shim/cached {shim_ms / cached_ms:.2f}x, "
+                f"ordered/cached {ordered_ms / cached_ms:.2f}x); "
                 f"{ex['pooled_allocs']} allocations pooled; losses identical; cached losses equal too: {cached == uncached}")
 
 
