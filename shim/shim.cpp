@@ -105,8 +105,10 @@ ProcessInfo make_process_info(const Config& config) {
   return info;
 }
 
+// The core resolves the driver with the C library's dlsym: the exported one would answer
+// hooked names with our own hooks, and the core's calls would re-enter them.
 void* dlsym_lookup(void* handle, const char* name) {
-  return dlsym(handle, name);
+  return real_dlsym()(handle, name);
 }
 
 // Runs once, on the thread of the first call that reaches the core.
