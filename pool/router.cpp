@@ -131,6 +131,17 @@ CUresult Router::allocate_with_retry(DevicePool& pool, std::size_t bytes, CUstre
   return r;
 }
 
+bool Router::device_memory(const DevicePool& pool, std::uint64_t* free,
+                           std::uint64_t* total) const {
+  ScopedContext ctx(driver_, pool.context());
+  std::size_t f = 0;
+  std::size_t t = 0;
+  if (driver_.cuMemGetInfo_v2(&f, &t) != CUDA_SUCCESS) return false;
+  *free = f;
+  *total = t;
+  return true;
+}
+
 OomReport Router::describe_oom(DevicePool& pool, std::size_t bytes, CUstream stream,
                                bool async) const {
   OomReport report;
@@ -140,14 +151,7 @@ OomReport Router::describe_oom(DevicePool& pool, std::size_t bytes, CUstream str
   report.stream = reinterpret_cast<std::uintptr_t>(stream);
   report.async = async;
   report.retried = config_.oom_retry;
-  ScopedContext ctx(driver_, pool.context());
-  std::size_t free = 0;
-  std::size_t total = 0;
-  if (driver_.cuMemGetInfo_v2(&free, &total) == CUDA_SUCCESS) {
-    report.device_info_valid = true;
-    report.device_free = free;
-    report.device_total = total;
-  }
+  report.device_info_valid = device_memory(pool, &report.device_free, &report.device_total);
   const PoolUsage u = pool.usage();
   report.reserved = u.reserved;
   report.used = u.used;
@@ -453,14 +457,7 @@ DeviceSnapshot Router::snapshot(int device) const {
   const DevicePool* pool = existing_pool(device);
   if (pool == nullptr) return snap;
   snap.pool = pool->usage();
-  ScopedContext ctx(driver_, pool->context());
-  std::size_t free = 0;
-  std::size_t total = 0;
-  if (driver_.cuMemGetInfo_v2(&free, &total) == CUDA_SUCCESS) {
-    snap.device_info_valid = true;
-    snap.device_free = free;
-    snap.device_total = total;
-  }
+  snap.device_info_valid = device_memory(*pool, &snap.device_free, &snap.device_total);
   return snap;
 }
 

@@ -141,6 +141,8 @@ class Router {
   /// The real free of a pooled pointer after the pool path failed: forget the pointer if the
   /// real function freed it, keep it otherwise.
   void finish_failed_free(std::uintptr_t ptr, const Allocation& a, Fallback real);
+  /// The device's free and total memory as the driver sees it (cuMemGetInfo in its context).
+  bool device_memory(const DevicePool& pool, std::uint64_t* free, std::uint64_t* total) const;
   OomReport describe_oom(DevicePool& pool, std::size_t bytes, CUstream stream, bool async) const;
   void warn_once(std::atomic<bool>& flag, std::string text);
   DeviceStats& stats(int device) { return stats_[static_cast<std::size_t>(device)]; }
