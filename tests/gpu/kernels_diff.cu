@@ -60,12 +60,13 @@ unsigned long long mismatches(const std::uint32_t* buf, size_t n, std::uint32_t 
   return out;
 }
 
-// cudaFree while a kernel on a non-blocking stream still writes the block: the free must wait
-// (natively it synchronizes the device), or the reallocated block gets the late writes.
-void free_while_kernel_runs() {
+// cudaFree while a kernel on another stream (non-blocking, or blocking) still writes the block:
+// the free must wait (natively it synchronizes the device), or the reallocated block gets the
+// late writes.
+void free_while_kernel_runs(unsigned int flags, const char* label) {
   const size_t n = size_t{16} << 20;  // 64 MiB
   cudaStream_t s;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, flags));
   unsigned long long corrupted = 0;
   for (int round = 0; round < 5; ++round) {
     std::uint32_t* a = nullptr;
@@ -84,7 +85,7 @@ void free_while_kernel_runs() {
     CHECK_CUDA(cudaFree(b));
     CHECK_CUDA(cudaStreamDestroy(t));
   }
-  std::printf("free_while_kernel_runs: corrupted=%llu\n", corrupted);
+  std::printf("free_while_kernel_runs_%s: corrupted=%llu\n", label, corrupted);
   CHECK_CUDA(cudaStreamDestroy(s));
 }
 
@@ -173,7 +174,8 @@ void detector_self_check() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  free_while_kernel_runs();
+  free_while_kernel_runs(cudaStreamNonBlocking, "nonblocking");
+  free_while_kernel_runs(cudaStreamDefault, "blocking");
   async_two_streams();
   default_stream_checksum();
   if (argc > 1 && std::string_view(argv[1]) == "selfcheck") detector_self_check();
