@@ -150,6 +150,9 @@ def summary_text(path, records):
                              f"(largest {fmt_bytes(big['bytes'])} on device {big['device']}, age {big['age_s']:.1f} s)")
             else:
                 lines.append("  leaks at exit: none")
+            paths = ex.get("paths") or {}
+            if paths:
+                lines.append("  ways in: " + ", ".join(f"{k} {v}" for k, v in paths.items()))
             for note in ex.get("notes", []):
                 lines.append(f"  note: {note}")
         for o in p["ooms"]:

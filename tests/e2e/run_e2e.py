@@ -117,6 +117,13 @@ def churn_case(tmp, binary, mode):
 
 
 @case
+def case_two_devices_cross_device_free_matches_native(tmp):
+    native, shim = differential([program("api_edges")], tmp, {"CUDADOUBLE_DEVICES": "2"})
+    expect("cross_device_free: cudaSuccess last=cudaSuccess" in shim.out, shim.out)
+    expect("devices: 2" in shim.out, shim.out)
+
+
+@case
 def case_churn_sync_counted_once(tmp):
     churn_case(tmp, "churn", "sync")
 
