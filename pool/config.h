@@ -34,9 +34,10 @@ namespace poolshim {
   X(reuse_opportunistic, Bool, "1",                                                                \
     "cudaMemPoolReuseAllowOpportunistic: reuse a block freed on another stream once its free has " \
     "completed.")                                                                                  \
-  X(reuse_internal_deps, Bool, "1",                                                                \
+  X(reuse_internal_deps, Bool, "0",                                                                \
     "cudaMemPoolReuseAllowInternalDependencies: let the driver make a stream wait for another "    \
-    "stream's free in order to reuse its block.")                                                  \
+    "stream's free in order to reuse its block. Off: a cudaMalloc could then wait for the "        \
+    "application's streams, which the native one never does.")                                     \
   X(free, Choice, "sync",                                                                          \
     "cudaFree mode. sync: synchronize the device, then return the block to the pool (native "      \
     "ordering). ordered: no host stall; the block is freed in stream order after the work of "     \

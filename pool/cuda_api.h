@@ -12,39 +12,41 @@
 namespace poolshim {
 
 // The explicit _v2 names are the ones cuda.h's macros select; they are real exported symbols.
-#define POOLSHIM_DRIVER_FUNCTIONS(X) \
-  X(cuInit)                          \
-  X(cuDriverGetVersion)              \
-  X(cuGetErrorName)                  \
-  X(cuDeviceGetCount)                \
-  X(cuDeviceGet)                     \
-  X(cuDeviceGetName)                 \
-  X(cuDeviceTotalMem_v2)             \
-  X(cuDevicePrimaryCtxRetain)        \
-  X(cuDevicePrimaryCtxRelease_v2)    \
-  X(cuCtxGetCurrent)                 \
-  X(cuCtxSetCurrent)                 \
-  X(cuCtxPushCurrent_v2)             \
-  X(cuCtxPopCurrent_v2)              \
-  X(cuCtxSynchronize)                \
-  X(cuCtxGetDevice)                  \
-  X(cuDevicePrimaryCtxGetState)      \
-  X(cuEventCreate)                   \
-  X(cuEventRecord)                   \
-  X(cuEventDestroy_v2)               \
-  X(cuStreamWaitEvent)               \
-  X(cuStreamGetCtx)                  \
-  X(cuStreamCreate)                  \
-  X(cuStreamDestroy_v2)              \
-  X(cuStreamSynchronize)             \
-  X(cuStreamGetDevice)               \
-  X(cuMemPoolCreate)                 \
-  X(cuMemPoolDestroy)                \
-  X(cuMemPoolSetAttribute)           \
-  X(cuMemPoolGetAttribute)           \
-  X(cuMemPoolTrimTo)                 \
-  X(cuMemAllocFromPoolAsync)         \
-  X(cuMemFreeAsync)                  \
+#define POOLSHIM_DRIVER_FUNCTIONS(X)   \
+  X(cuInit)                            \
+  X(cuDriverGetVersion)                \
+  X(cuGetErrorName)                    \
+  X(cuDeviceGetCount)                  \
+  X(cuDeviceGet)                       \
+  X(cuDeviceGetName)                   \
+  X(cuDeviceTotalMem_v2)               \
+  X(cuDevicePrimaryCtxRetain)          \
+  X(cuDevicePrimaryCtxRelease_v2)      \
+  X(cuCtxGetCurrent)                   \
+  X(cuCtxSetCurrent)                   \
+  X(cuCtxPushCurrent_v2)               \
+  X(cuCtxPopCurrent_v2)                \
+  X(cuCtxSynchronize)                  \
+  X(cuCtxGetDevice)                    \
+  X(cuDevicePrimaryCtxGetState)        \
+  X(cuEventCreate)                     \
+  X(cuEventRecord)                     \
+  X(cuEventDestroy_v2)                 \
+  X(cuStreamWaitEvent)                 \
+  X(cuStreamGetCtx)                    \
+  X(cuThreadExchangeStreamCaptureMode) \
+  X(cuMemPoolSetAccess)                \
+  X(cuStreamCreate)                    \
+  X(cuStreamDestroy_v2)                \
+  X(cuStreamSynchronize)               \
+  X(cuStreamGetDevice)                 \
+  X(cuMemPoolCreate)                   \
+  X(cuMemPoolDestroy)                  \
+  X(cuMemPoolSetAttribute)             \
+  X(cuMemPoolGetAttribute)             \
+  X(cuMemPoolTrimTo)                   \
+  X(cuMemAllocFromPoolAsync)           \
+  X(cuMemFreeAsync)                    \
   X(cuMemGetInfo_v2)
 
 struct DriverApi {
@@ -60,6 +62,28 @@ struct DriverApi {
 
   /// "CUDA_ERROR_OUT_OF_MEMORY" for a result code; never null.
   const char* error_name(CUresult r) const;
+};
+
+/// Puts the calling thread in relaxed stream-capture mode for the scope (DESIGN §3: the shim's
+/// own calls must never invalidate or fail because of an application's capture) and restores
+/// the thread's mode afterwards.
+class RelaxedCaptureScope {
+ public:
+  explicit RelaxedCaptureScope(const DriverApi& driver) : driver_(driver) {
+    mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+    active_ = driver_.cuThreadExchangeStreamCaptureMode != nullptr &&
+              driver_.cuThreadExchangeStreamCaptureMode(&mode_) == CUDA_SUCCESS;
+  }
+  ~RelaxedCaptureScope() {
+    if (active_) driver_.cuThreadExchangeStreamCaptureMode(&mode_);
+  }
+  RelaxedCaptureScope(const RelaxedCaptureScope&) = delete;
+  RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
+
+ private:
+  const DriverApi& driver_;
+  CUstreamCaptureMode mode_;
+  bool active_ = false;
 };
 
 }  // namespace poolshim

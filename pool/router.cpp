@@ -84,6 +84,9 @@ DevicePool* Router::pool_for(int device) {
     return nullptr;
   }
   pool = created.get();
+  if (peers_ != nullptr) {
+    for (int from : peers_->accessors(device)) set_pool_access(*pool, from);
+  }
   pools_owned_.push_back(std::move(created));
   ever_used_[device].store(true, std::memory_order_relaxed);
   pool_state_[device].store(PoolState::ready, std::memory_order_relaxed);
@@ -327,35 +330,32 @@ CUresult Router::free_ordered(DevicePool& pool, CUdeviceptr ptr) {
   // nothing: no host stall, no new ordering between the application's streams.
   CUresult r = driver_.cuEventRecord(pool.legacy_event(), CU_STREAM_LEGACY);
   if (r == CUDA_SUCCESS) r = driver_.cuStreamWaitEvent(pool.free_stream(), pool.legacy_event(), 0);
-  registry_->for_each(pool.ordinal(), [&](StreamRegistry::Entry& e) {
-    if (r != CUDA_SUCCESS) return;
-    if (e.event == nullptr) r = driver_.cuEventCreate(&e.event, CU_EVENT_DISABLE_TIMING);
-    if (r == CUDA_SUCCESS) r = driver_.cuEventRecord(e.event, e.stream);
-    if (r == CUDA_SUCCESS) r = driver_.cuStreamWaitEvent(pool.free_stream(), e.event, 0);
-  });
   if (r != CUDA_SUCCESS) return r;
+  const bool all_waited = registry_->for_each(pool.ordinal(), [&](const StreamRegistry::Entry& e) {
+    if (e.event == nullptr) {
+      r = CUDA_ERROR_NOT_READY;  // a stream without an event cannot be waited for: sync instead
+      return false;
+    }
+    r = driver_.cuEventRecord(e.event, e.stream);
+    if (r == CUDA_SUCCESS) r = driver_.cuStreamWaitEvent(pool.free_stream(), e.event, 0);
+    return r == CUDA_SUCCESS;
+  });
+  if (!all_waited) return r;
   return driver_.cuMemFreeAsync(ptr, pool.free_stream());
 }
 
 void Router::before_stream_destroy(const StreamRegistry::Entry& entry) {
   DevicePool* pool = existing_pool(entry.device);
-  if (pool == nullptr || !ordered_mode_) {
-    if (entry.event != nullptr) driver_.cuEventDestroy_v2(entry.event);
-    return;
-  }
-  // Work still queued on the stream may touch blocks that are freed later, when the stream is
-  // no longer listed: make the free stream wait for it now.
-  ScopedContext ctx(driver_, pool->context());
-  CUevent event = entry.event;
-  if (event == nullptr && driver_.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
-    event = nullptr;
-  }
-  if (event != nullptr) {
-    if (driver_.cuEventRecord(event, entry.stream) == CUDA_SUCCESS) {
-      driver_.cuStreamWaitEvent(pool->free_stream(), event, 0);
+  if (entry.event == nullptr) return;
+  if (pool != nullptr && ordered_mode_) {
+    // Work still queued on the stream may touch blocks that are freed later, when the stream
+    // is no longer listed: make the free stream wait for it now.
+    ScopedContext ctx(driver_, pool->context());
+    if (driver_.cuEventRecord(entry.event, entry.stream) == CUDA_SUCCESS) {
+      driver_.cuStreamWaitEvent(pool->free_stream(), entry.event, 0);
     }
-    driver_.cuEventDestroy_v2(event);  // released by the driver once the wait is done
   }
+  driver_.cuEventDestroy_v2(entry.event);  // released by the driver once the wait is done
 }
 
 void Router::free_async(void* ptr, CUstream stream, Fallback real) {
@@ -396,15 +396,52 @@ int Router::stream_device(CUstream stream) const {
 
 void Router::free_unrouted(void* ptr, int caller_device, Fallback real) {
   const auto key = reinterpret_cast<std::uintptr_t>(ptr);
-  const std::optional<Allocation> a = table_.find(key);
+  // Taken before the real call, so that the address cannot be handed out again (and recorded
+  // twice) while the real function frees it; put back if it did not.
+  const std::optional<Allocation> a = table_.take(key);
   const int device = a ? a->device : caller_device;
   if (valid_device(device)) stats(device).bump(stats(device).passthrough_frees);
-  if (real() == RealResult::success && a && table_.take(key))
+  const RealResult result = real();
+  if (!a) return;
+  if (result == RealResult::success) {
     stats(a->device).on_free(a->requested);
+  } else {
+    table_.insert(key, *a);
+  }
 }
 
 void Router::note_passthrough_alloc(int device) {
   if (valid_device(device)) stats(device).bump(stats(device).passthrough_allocs);
+}
+
+void Router::set_pool_access(DevicePool& pool, int from) {
+  if (from == pool.ordinal()) return;
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = from;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const CUresult r = driver_.cuMemPoolSetAccess(pool.handle(), &access, 1);
+  if (r != CUDA_SUCCESS) {
+    warn_once(warned_peer_, "cannot open the pool of device " + std::to_string(pool.ordinal()) +
+                                " to peer device " + std::to_string(from) + " (" +
+                                driver_.error_name(r) +
+                                "): kernels of that device cannot reach its pooled memory");
+  }
+}
+
+void Router::open_pool_to(int to, int from) {
+  std::lock_guard<std::mutex> lock(create_mutex_);  // not racing a pool's creation
+  DevicePool* pool = existing_pool(to);
+  if (pool != nullptr) set_pool_access(*pool, from);
+}
+
+void Router::note_ipc_failure(const void* ptr) {
+  if (!table_.find(reinterpret_cast<std::uintptr_t>(ptr))) return;
+  warn_once(warned_ipc_,
+            "a legacy IPC export (cudaIpcGetMemHandle/cuIpcGetMemHandle) failed for memory "
+            "poolshim allocated from a cudaMemPool: legacy IPC cannot export pool memory. Run "
+            "this program with POOLSHIM_ENABLE=0 until IPC-exported allocations can be kept "
+            "out of the pool");
 }
 
 void Router::note_app_pool_alloc(int device) {
@@ -413,7 +450,9 @@ void Router::note_app_pool_alloc(int device) {
 
 std::uint64_t Router::unused_bytes(int device) const {
   const DevicePool* pool = existing_pool(device);
-  return pool != nullptr ? unused_of(pool->usage()) : 0;
+  if (pool == nullptr) return 0;
+  RelaxedCaptureScope relaxed(driver_);  // cudaMemGetInfo is legal during a capture
+  return unused_of(pool->usage());
 }
 
 void Router::set_app_pool(int device, bool app_owned) {
@@ -432,6 +471,8 @@ void Router::before_device_reset(int device) {
   app_pool_[device].store(false, std::memory_order_relaxed);  // the reset restores the default
   // The object stays owned (a racing thread may still hold it); its driver objects go now.
   if (pool != nullptr) pool->release();
+  // The reset destroys the device's streams and events too: forget them without touching them.
+  if (registry_ != nullptr) registry_->drop_device(device);
   DeviceStats& s = stats(device);
   table_.drop_device(device, [&s](std::uintptr_t, const Allocation& a) {
     s.requested_bytes.sub(a.requested);

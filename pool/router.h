@@ -21,6 +21,7 @@
 #include "device_pool.h"
 #include "events.h"
 #include "function_ref.h"
+#include "peer_access.h"
 #include "stats.h"
 #include "stream_registry.h"
 
@@ -87,6 +88,13 @@ class Router {
   /// The streams `ordered` frees wait for (owned by the shim, which sees streams being made
   /// before the core starts). Without one, every free is a `sync` free.
   void set_stream_registry(StreamRegistry* registry) { registry_ = registry; }
+  /// The peer-access pairs the application enabled (owned by the shim, like the registry).
+  void set_peer_access(const PeerAccess* peers) { peers_ = peers; }
+  /// Device `from` may now reach `to`'s memory: open `to`'s pool to it (if it exists yet;
+  /// a pool made later is opened when it is made).
+  void open_pool_to(int to, int from);
+  /// A legacy IPC export failed: if `ptr` is pooled, say why (once).
+  void note_ipc_failure(const void* ptr);
   /// Before a registered non-blocking stream is destroyed: blocks freed later in `ordered`
   /// mode must still wait for the work it holds.
   void before_stream_destroy(const StreamRegistry::Entry& entry);
@@ -128,6 +136,8 @@ class Router {
   bool adopt_context(const DevicePool& pool);
   /// Synchronizes `pool`'s context and the caller's current context (cudaFree semantics).
   CUresult synchronize_for_free(const DevicePool& pool) const;
+  /// Opens `pool` to device `from` (cuMemPoolSetAccess), one warning on failure.
+  void set_pool_access(DevicePool& pool, int from);
   /// Whether an `ordered` free of `pool`'s block can be proven safe (DESIGN §3).
   bool ordered_free_possible(const DevicePool& pool) const;
   /// Enqueues the free on the pool's free stream behind the legacy default stream and every
@@ -153,6 +163,7 @@ class Router {
   EventQueue& events_;
   PoolSettings settings_;
   StreamRegistry* registry_ = nullptr;
+  const PeerAccess* peers_ = nullptr;
   bool ordered_mode_ = false;
   int device_count_ = 0;
   std::atomic<long long> oom_record_wait_ms_{0};
@@ -172,6 +183,8 @@ class Router {
   std::atomic<bool> warned_bad_device_{false};
   std::atomic<bool> warned_fallback_{false};
   mutable std::atomic<bool> warned_ordered_fallback_{false};
+  std::atomic<bool> warned_ipc_{false};
+  std::atomic<bool> warned_peer_{false};
 };
 
 }  // namespace poolshim

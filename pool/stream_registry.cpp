@@ -1,14 +1,16 @@
 #include "stream_registry.h"
 
+#include <mutex>
+
 namespace poolshim {
 
-void StreamRegistry::add(CUstream stream, int device) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  entries_.push_back(Entry{stream, device, nullptr});
+void StreamRegistry::add(const Entry& entry) {
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  entries_.push_back(entry);
 }
 
 bool StreamRegistry::remove(CUstream stream, Entry* out) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::shared_mutex> lock(mutex_);
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (it->stream == stream) {
       *out = *it;
@@ -19,8 +21,17 @@ bool StreamRegistry::remove(CUstream stream, Entry* out) {
   return false;
 }
 
+void StreamRegistry::drop_device(int device) {
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  std::vector<Entry> kept;
+  for (const auto& e : entries_) {
+    if (e.device != device) kept.push_back(e);
+  }
+  entries_.swap(kept);
+}
+
 std::size_t StreamRegistry::size() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::shared_lock<std::shared_mutex> lock(mutex_);
   return entries_.size();
 }
 

@@ -1,13 +1,15 @@
 // The application's non-blocking streams, as `ordered` frees need them (DESIGN §3): the legacy
 // default stream orders every blocking stream, but a non-blocking stream's work is ordered
 // before a free only through an event recorded on that stream. Streams are added and removed
-// by the stream hooks (rare); frees walk the device's list under the lock.
+// by the stream hooks (rare, exclusive lock); ordered frees walk a device's list under a
+// shared lock, so that frees on many threads do not serialize, and a stream cannot be
+// destroyed while a free records on it.
 #pragma once
 
 #include <cuda.h>
 
 #include <atomic>
-#include <mutex>
+#include <shared_mutex>
 #include <vector>
 
 namespace poolshim {
@@ -17,20 +19,25 @@ class StreamRegistry {
   struct Entry {
     CUstream stream = nullptr;
     int device = -1;
-    CUevent event = nullptr;  // created at the first ordered free that needs it
+    CUevent event = nullptr;  // made with the stream (free mode ordered); null if that failed
   };
 
-  /// A non-blocking stream of `device` was created.
-  void add(CUstream stream, int device);
+  /// A non-blocking stream was created.
+  void add(const Entry& entry);
   /// The stream is being destroyed: removes it and returns its entry (false if unknown).
   bool remove(CUstream stream, Entry* out);
-  /// Calls `visit(entry)` for each stream of `device`, under the lock.
+  /// After a device reset every stream and event of the device is gone: forget them (no
+  /// driver call: their handles are no longer valid).
+  void drop_device(int device);
+  /// Calls `visit(entry)` for each stream of `device` with the shared lock held; stops at the
+  /// first visit that returns false and returns false then.
   template <typename F>
-  void for_each(int device, F&& visit) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& e : entries_) {
-      if (e.device == device) visit(e);
+  bool for_each(int device, F&& visit) const {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    for (const auto& e : entries_) {
+      if (e.device == device && !visit(e)) return false;
     }
+    return true;
   }
   std::size_t size() const;
 
@@ -38,12 +45,13 @@ class StreamRegistry {
   /// can an `ordered` free trust the list to be complete.
   void mark_observed() { observed_.store(true, std::memory_order_release); }
   bool observed() const { return observed_.load(std::memory_order_acquire); }
-  /// The application created a context of its own (cuCtxCreate): work in it is not covered.
+  /// The application created a context of its own (cuCtxCreate, a green context), or a
+  /// stream the shim could not place: work there is not covered by ordered frees.
   void mark_foreign_context() { foreign_context_.store(true, std::memory_order_release); }
   bool foreign_context() const { return foreign_context_.load(std::memory_order_acquire); }
 
  private:
-  mutable std::mutex mutex_;
+  mutable std::shared_mutex mutex_;
   std::vector<Entry> entries_;
   std::atomic<bool> observed_{false};
   std::atomic<bool> foreign_context_{false};

@@ -82,6 +82,9 @@ namespace {
   X(cuCtxCreate_v2, decltype(::cuCtxCreate_v2))                                \
   X(cuCtxCreate_v3, decltype(::cuCtxCreate_v3))                                \
   X(cuCtxCreate_v4, decltype(::cuCtxCreate_v4))                                \
+  X(cuGreenCtxCreate, decltype(::cuGreenCtxCreate))                            \
+  X(cuCtxEnablePeerAccess, decltype(::cuCtxEnablePeerAccess))                  \
+  X(cuIpcGetMemHandle, decltype(::cuIpcGetMemHandle))                          \
   X(cuGetProcAddress, decltype(::cuGetProcAddress))                            \
   X(cuGetProcAddress_v2, decltype(::cuGetProcAddress_v2))
 
@@ -247,10 +250,14 @@ CUresult alloc_from_app_pool(Real real_fn, CUdeviceptr* dptr, size_t bytes, CUme
   return real_fn(dptr, bytes, pool, stream);
 }
 
-CUresult begin_capture_result(CUresult r, const HookScope& scope, CUstream stream, bool ptsz) {
-  if (r == CUDA_SUCCESS && scope.outermost()) {
-    poolshim::shim::capture_began(reinterpret_cast<cudaStream_t>(per_thread(stream, ptsz)));
-  }
+template <typename Begin>
+CUresult begin_capture(Begin&& begin, CUstream stream, CUstreamCaptureMode mode, bool ptsz) {
+  HookScope scope;
+  const bool track = scope.outermost() && poolshim::shim::bookkeeping_allowed();
+  const auto key = reinterpret_cast<cudaStream_t>(per_thread(stream, ptsz));
+  if (track) poolshim::shim::capture_began(key, mode);  // before: no call slips in between
+  const CUresult r = begin();
+  if (track && r != CUDA_SUCCESS) poolshim::shim::capture_ended(key);
   return r;
 }
 
@@ -258,7 +265,7 @@ CUresult end_capture(decltype(&::cuStreamEndCapture) real_fn, CUstream stream, C
                      bool ptsz) {
   HookScope scope;
   const CUresult r = real_fn(stream, graph);
-  if (scope.outermost()) {
+  if (scope.outermost() && poolshim::shim::bookkeeping_allowed()) {
     poolshim::shim::capture_ended(reinterpret_cast<cudaStream_t>(per_thread(stream, ptsz)));
   }
   return r;
@@ -277,18 +284,35 @@ F* unhooked(const char* name, std::atomic<void*>& cache) {
 }
 
 void register_stream(CUresult r, const CUstream* stream, unsigned int flags) {
+  if (!poolshim::shim::bookkeeping_allowed()) return;
   poolshim::shim::streams().mark_observed();
-  // Blocking streams need no entry: the legacy default stream orders them (DESIGN §3).
-  if (r != CUDA_SUCCESS || stream == nullptr || (flags & CU_STREAM_NON_BLOCKING) == 0) return;
+  // Blocking streams need no entry: the legacy default stream orders them (DESIGN §3). Only
+  // free mode ordered waits for streams.
+  if (r != CUDA_SUCCESS || stream == nullptr || (flags & CU_STREAM_NON_BLOCKING) == 0 ||
+      !poolshim::shim::ordered_mode()) {
+    return;
+  }
   static std::atomic<void*> get_device{nullptr};
+  static std::atomic<void*> event_create{nullptr};
   auto* stream_get_device =
       unhooked<decltype(::cuStreamGetDevice)>("cuStreamGetDevice", get_device);
+  auto* create_event = unhooked<decltype(::cuEventCreate)>("cuEventCreate", event_create);
+  poolshim::StreamRegistry::Entry entry;
+  entry.stream = *stream;
   CUdevice device = -1;
   if (stream_get_device == nullptr || stream_get_device(*stream, &device) != CUDA_SUCCESS) {
-    device = -1;  // unknown device: never waited for, so ordered frees must not trust the list
+    // A stream the shim cannot place: ordered frees can no longer trust their list.
     poolshim::shim::streams().mark_foreign_context();
+    return;
   }
-  poolshim::shim::streams().add(*stream, static_cast<int>(device));
+  entry.device = static_cast<int>(device);
+  // The event ordered frees record on this stream, made now in the stream's (current)
+  // context; without one, frees of this device synchronize instead.
+  if (create_event == nullptr ||
+      create_event(&entry.event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+    entry.event = nullptr;
+  }
+  poolshim::shim::streams().add(entry);
 }
 
 }  // namespace
@@ -316,15 +340,17 @@ POOLSHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
 }
 
 POOLSHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
-  HookScope scope;
   const auto real_fn = real::cuMemFree_v2();
+  if (dptr == 0) return real_fn(dptr);  // cuMemFree(0): its native meaning, no core start
+  HookScope scope;
   Router* router = scope.outermost() ? router_for_call() : nullptr;
-  if (router == nullptr || dptr == 0) return real_fn(dptr);
+  if (router == nullptr) return real_fn(dptr);
   poolshim::shim::paths().driver_calls.fetch_add(1, std::memory_order_relaxed);
   CUresult result = CUDA_SUCCESS;
   auto call_real = [&] { return classify(result = real_fn(dptr)); };
   void* ptr = reinterpret_cast<void*>(dptr);
-  if (captures_active()) {
+  if (captures_active() && poolshim::shim::sync_free_prohibited(router->driver())) {
+    // Natively refused (and the capture invalidated): the real call says so, frees nothing.
     router->free_unrouted(ptr, router->current_device(), call_real);
   } else {
     router->free_sync(ptr, router->current_device(), call_real);
@@ -335,7 +361,7 @@ POOLSHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
 POOLSHIM_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   HookScope scope;
   const CUresult result = real::cuMemGetInfo_v2()(free, total);
-  Router* router = scope.outermost() ? router_for_call() : nullptr;
+  Router* router = scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
   if (result != CUDA_SUCCESS || router == nullptr || free == nullptr || total == nullptr)
     return result;
   const std::uint64_t unused = router->unused_bytes(router->current_device());
@@ -389,15 +415,21 @@ POOLSHIM_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
 namespace {
 CUresult reset_device(decltype(&::cuDevicePrimaryCtxReset_v2) real_fn, CUdevice dev) {
   HookScope scope;
-  Router* router = scope.outermost() ? router_for_call() : nullptr;
+  Router* router = scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
   if (router != nullptr) router->before_device_reset(static_cast<int>(dev));
   return real_fn(dev);
 }
 
 CUresult destroy_stream(decltype(&::cuStreamDestroy_v2) real_fn, CUstream stream) {
   poolshim::StreamRegistry::Entry entry;
-  if (poolshim::shim::streams().remove(stream, &entry)) {
-    if (Router* router = poolshim::shim::router_if_running()) router->before_stream_destroy(entry);
+  if (poolshim::shim::bookkeeping_allowed() && poolshim::shim::streams().remove(stream, &entry)) {
+    if (Router* router = poolshim::shim::router_if_running()) {
+      router->before_stream_destroy(entry);
+    } else if (entry.event != nullptr) {
+      static std::atomic<void*> destroy{nullptr};
+      auto* event_destroy = unhooked<decltype(::cuEventDestroy_v2)>("cuEventDestroy_v2", destroy);
+      if (event_destroy != nullptr) event_destroy(entry.event);
+    }
   }
   return real_fn(stream);
 }
@@ -433,15 +465,13 @@ POOLSHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
 }
 
 POOLSHIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
-  HookScope scope;
-  return begin_capture_result(real::cuStreamBeginCapture_v2()(hStream, mode), scope, hStream,
-                              false);
+  return begin_capture([&] { return real::cuStreamBeginCapture_v2()(hStream, mode); }, hStream,
+                       mode, false);
 }
 
 POOLSHIM_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
-  HookScope scope;
-  return begin_capture_result(real::cuStreamBeginCapture_v2_ptsz()(hStream, mode), scope, hStream,
-                              true);
+  return begin_capture([&] { return real::cuStreamBeginCapture_v2_ptsz()(hStream, mode); }, hStream,
+                       mode, true);
 }
 
 POOLSHIM_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
@@ -449,11 +479,12 @@ POOLSHIM_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph h
                                                      const CUgraphEdgeData* dependencyData,
                                                      size_t numDependencies,
                                                      CUstreamCaptureMode mode) {
-  HookScope scope;
-  return begin_capture_result(
-      real::cuStreamBeginCaptureToGraph()(hStream, hGraph, dependencies, dependencyData,
-                                          numDependencies, mode),
-      scope, hStream, false);
+  return begin_capture(
+      [&] {
+        return real::cuStreamBeginCaptureToGraph()(hStream, hGraph, dependencies, dependencyData,
+                                                   numDependencies, mode);
+      },
+      hStream, mode, false);
 }
 
 POOLSHIM_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
@@ -461,11 +492,12 @@ POOLSHIM_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgr
                                                           const CUgraphEdgeData* dependencyData,
                                                           size_t numDependencies,
                                                           CUstreamCaptureMode mode) {
-  HookScope scope;
-  return begin_capture_result(
-      real::cuStreamBeginCaptureToGraph_ptsz()(hStream, hGraph, dependencies, dependencyData,
-                                               numDependencies, mode),
-      scope, hStream, true);
+  return begin_capture(
+      [&] {
+        return real::cuStreamBeginCaptureToGraph_ptsz()(hStream, hGraph, dependencies,
+                                                        dependencyData, numDependencies, mode);
+      },
+      hStream, mode, true);
 }
 
 POOLSHIM_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
@@ -494,6 +526,53 @@ POOLSHIM_EXPORT CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* ctxC
                                         unsigned int flags, CUdevice dev) {
   const CUresult r = real::cuCtxCreate_v4()(pctx, ctxCreateParams, flags, dev);
   if (r == CUDA_SUCCESS) poolshim::shim::streams().mark_foreign_context();
+  return r;
+}
+
+// A green context's streams are not covered by ordered frees.
+POOLSHIM_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx* phCtx, CUdevResourceDesc desc, CUdevice dev,
+                                          unsigned int flags) {
+  const CUresult r = real::cuGreenCtxCreate()(phCtx, desc, dev, flags);
+  if (r == CUDA_SUCCESS && poolshim::shim::bookkeeping_allowed()) {
+    poolshim::shim::streams().mark_foreign_context();
+  }
+  return r;
+}
+
+// Peer access (DESIGN §3): the peer's pool must open to the device that now reaches it.
+POOLSHIM_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) {
+  HookScope scope;
+  const CUresult r = real::cuCtxEnablePeerAccess()(peerContext, Flags);
+  if (r != CUDA_SUCCESS || !scope.outermost() || !poolshim::shim::bookkeeping_allowed()) return r;
+  static std::atomic<void*> get_device{nullptr};
+  static std::atomic<void*> push{nullptr};
+  static std::atomic<void*> pop{nullptr};
+  auto* ctx_get_device = unhooked<decltype(::cuCtxGetDevice)>("cuCtxGetDevice", get_device);
+  auto* ctx_push = unhooked<decltype(::cuCtxPushCurrent_v2)>("cuCtxPushCurrent_v2", push);
+  auto* ctx_pop = unhooked<decltype(::cuCtxPopCurrent_v2)>("cuCtxPopCurrent_v2", pop);
+  if (ctx_get_device == nullptr || ctx_push == nullptr || ctx_pop == nullptr) return r;
+  CUdevice from = -1;
+  CUdevice to = -1;
+  if (ctx_get_device(&from) != CUDA_SUCCESS) return r;
+  if (ctx_push(peerContext) == CUDA_SUCCESS) {
+    if (ctx_get_device(&to) != CUDA_SUCCESS) to = -1;
+    CUcontext popped = nullptr;
+    ctx_pop(&popped);
+  }
+  if (to >= 0) {
+    poolshim::shim::note_peer_access(static_cast<int>(from), static_cast<int>(to),
+                                     poolshim::shim::router_if_running());
+  }
+  return r;
+}
+
+// Legacy IPC cannot export memory of a cudaMemPool: say so, naming the way out.
+POOLSHIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
+  HookScope scope;
+  const CUresult r = real::cuIpcGetMemHandle()(pHandle, dptr);
+  Router* router = scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
+  if (r != CUDA_SUCCESS && router != nullptr)
+    router->note_ipc_failure(reinterpret_cast<void*>(dptr));
   return r;
 }
 

@@ -116,13 +116,16 @@ POOLSHIM_EXPORT cudaError_t cudaMalloc(void** devPtr, size_t size) {
 }
 
 POOLSHIM_EXPORT cudaError_t cudaFree(void* devPtr) {
+  // cudaFree(nullptr) keeps its native meaning: initialise the context, free nothing. It is
+  // no device-memory call: it does not start the core (nor create the log).
+  if (devPtr == nullptr) return real::cudaFree()(devPtr);
   HookScope scope;
   Router* router = routable_free(scope);
-  // cudaFree(nullptr) keeps its native meaning: initialise the context, free nothing.
-  if (router == nullptr || devPtr == nullptr) return real::cudaFree()(devPtr);
+  if (router == nullptr) return real::cudaFree()(devPtr);
   cudaError_t result = cudaSuccess;
   auto call_real = [&] { return classify(result = real::cudaFree()(devPtr)); };
-  if (captures_active()) {
+  if (captures_active() && poolshim::shim::sync_free_prohibited(router->driver())) {
+    // Natively refused (and the capture invalidated): the real call says so, frees nothing.
     router->free_unrouted(devPtr, router->current_device(), call_real);
   } else {
     router->free_sync(devPtr, router->current_device(), call_real);
@@ -151,7 +154,7 @@ POOLSHIM_EXPORT cudaError_t cudaFreeAsync_ptsz(void* devPtr, cudaStream_t hStrea
 POOLSHIM_EXPORT cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   HookScope scope;
   const cudaError_t result = real::cudaMemGetInfo()(free, total);
-  Router* router = scope.outermost() ? router_for_call() : nullptr;
+  Router* router = scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
   if (result != cudaSuccess || router == nullptr || free == nullptr || total == nullptr)
     return result;
   const std::uint64_t unused = router->unused_bytes(router->current_device());
@@ -161,7 +164,7 @@ POOLSHIM_EXPORT cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
 
 POOLSHIM_EXPORT cudaError_t cudaDeviceReset() {
   HookScope scope;
-  Router* router = scope.outermost() ? router_for_call() : nullptr;
+  Router* router = scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
   int device = -1;
   if (router != nullptr && real::cudaGetDevice()(&device) == cudaSuccess) {
     router->before_device_reset(device);
@@ -182,23 +185,42 @@ POOLSHIM_EXPORT cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t memPo
 }
 
 // Stream capture (DESIGN §3): while one is in progress, allocation calls pass through, so the
-// capture sees exactly what it would see without the shim.
+// capture sees exactly what it would see without the shim. Noted before the real begin, so
+// that no call of another thread slips in between; undone if the begin fails.
+namespace {
+
+template <typename Begin>
+cudaError_t begin_capture(Begin&& begin, cudaStream_t key, int mode) {
+  HookScope scope;
+  const bool track = scope.outermost() && poolshim::shim::bookkeeping_allowed();
+  if (track) poolshim::shim::capture_began(key, mode);
+  const cudaError_t result = begin();
+  if (track && result != cudaSuccess) poolshim::shim::capture_ended(key);
+  return result;
+}
+
+// A capture ends with EndCapture whatever it returns (an invalidated capture ends too).
+template <typename End>
+cudaError_t end_capture(End&& end, cudaStream_t key) {
+  HookScope scope;
+  const cudaError_t result = end();
+  if (scope.outermost() && poolshim::shim::bookkeeping_allowed())
+    poolshim::shim::capture_ended(key);
+  return result;
+}
+
+}  // namespace
+
 POOLSHIM_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream,
                                                    enum cudaStreamCaptureMode mode) {
-  HookScope scope;
-  const cudaError_t result = real::cudaStreamBeginCapture()(stream, mode);
-  if (result == cudaSuccess && scope.outermost())
-    poolshim::shim::capture_began(capture_key(stream, false));
-  return result;
+  return begin_capture([&] { return real::cudaStreamBeginCapture()(stream, mode); },
+                       capture_key(stream, false), mode);
 }
 
 POOLSHIM_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream,
                                                         enum cudaStreamCaptureMode mode) {
-  HookScope scope;
-  const cudaError_t result = real::cudaStreamBeginCapture_ptsz()(stream, mode);
-  if (result == cudaSuccess && scope.outermost())
-    poolshim::shim::capture_began(capture_key(stream, true));
-  return result;
+  return begin_capture([&] { return real::cudaStreamBeginCapture_ptsz()(stream, mode); },
+                       capture_key(stream, true), mode);
 }
 
 POOLSHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph,
@@ -206,37 +228,54 @@ POOLSHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, c
                                                           const cudaGraphEdgeData* dependencyData,
                                                           size_t numDependencies,
                                                           enum cudaStreamCaptureMode mode) {
-  HookScope scope;
-  const cudaError_t result = real::cudaStreamBeginCaptureToGraph()(
-      stream, graph, dependencies, dependencyData, numDependencies, mode);
-  if (result == cudaSuccess && scope.outermost())
-    poolshim::shim::capture_began(capture_key(stream, false));
-  return result;
+  return begin_capture(
+      [&] {
+        return real::cudaStreamBeginCaptureToGraph()(stream, graph, dependencies, dependencyData,
+                                                     numDependencies, mode);
+      },
+      capture_key(stream, false), mode);
 }
 
 POOLSHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(
     cudaStream_t stream, cudaGraph_t graph, const cudaGraphNode_t* dependencies,
     const cudaGraphEdgeData* dependencyData, size_t numDependencies,
     enum cudaStreamCaptureMode mode) {
-  HookScope scope;
-  const cudaError_t result = real::cudaStreamBeginCaptureToGraph_ptsz()(
-      stream, graph, dependencies, dependencyData, numDependencies, mode);
-  if (result == cudaSuccess && scope.outermost())
-    poolshim::shim::capture_began(capture_key(stream, true));
-  return result;
+  return begin_capture(
+      [&] {
+        return real::cudaStreamBeginCaptureToGraph_ptsz()(stream, graph, dependencies,
+                                                          dependencyData, numDependencies, mode);
+      },
+      capture_key(stream, true), mode);
 }
 
-// A capture ends with EndCapture whatever it returns (an invalidated capture ends too).
 POOLSHIM_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {
-  HookScope scope;
-  const cudaError_t result = real::cudaStreamEndCapture()(stream, pGraph);
-  if (scope.outermost()) poolshim::shim::capture_ended(capture_key(stream, false));
-  return result;
+  return end_capture([&] { return real::cudaStreamEndCapture()(stream, pGraph); },
+                     capture_key(stream, false));
 }
 
 POOLSHIM_EXPORT cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* pGraph) {
+  return end_capture([&] { return real::cudaStreamEndCapture_ptsz()(stream, pGraph); },
+                     capture_key(stream, true));
+}
+
+// Peer access (DESIGN §3): the peer's pool must open to the device that now reaches it.
+POOLSHIM_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags) {
   HookScope scope;
-  const cudaError_t result = real::cudaStreamEndCapture_ptsz()(stream, pGraph);
-  if (scope.outermost()) poolshim::shim::capture_ended(capture_key(stream, true));
+  const cudaError_t result = real::cudaDeviceEnablePeerAccess()(peerDevice, flags);
+  Router* router = scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
+  int device = -1;
+  if (result == cudaSuccess && poolshim::shim::bookkeeping_allowed() &&
+      real::cudaGetDevice()(&device) == cudaSuccess) {
+    poolshim::shim::note_peer_access(device, peerDevice, router);
+  }
+  return result;
+}
+
+// Legacy IPC cannot export memory of a cudaMemPool: say so, naming the way out.
+POOLSHIM_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* devPtr) {
+  HookScope scope;
+  const cudaError_t result = real::cudaIpcGetMemHandle()(handle, devPtr);
+  Router* router = scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
+  if (result != cudaSuccess && router != nullptr) router->note_ipc_failure(devPtr);
   return result;
 }

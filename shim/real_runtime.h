@@ -34,7 +34,9 @@ namespace poolshim::real {
   X(cudaStreamBeginCaptureToGraph, cudaStreamBeginCaptureToGraph)      \
   X(cudaStreamBeginCaptureToGraph_ptsz, cudaStreamBeginCaptureToGraph) \
   X(cudaStreamEndCapture, cudaStreamEndCapture)                        \
-  X(cudaStreamEndCapture_ptsz, cudaStreamEndCapture)
+  X(cudaStreamEndCapture_ptsz, cudaStreamEndCapture)                   \
+  X(cudaDeviceEnablePeerAccess, cudaDeviceEnablePeerAccess)            \
+  X(cudaIpcGetMemHandle, cudaIpcGetMemHandle)
 
 enum class Function : int {
 #define POOLSHIM_RUNTIME_ENUM(name, type_of) name,

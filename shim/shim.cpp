@@ -50,10 +50,18 @@ struct State {
 
   PathCounters paths;
   StreamRegistry streams;
+  PeerAccess peers;
+  // Stream captures in progress, with their mode and thread (DESIGN §3, capture rules).
+  struct Capture {
+    cudaStream_t stream = nullptr;
+    int mode = 0;  // CUstreamCaptureMode
+    pthread_t thread{};
+    bool used = false;
+  };
   std::atomic<int> active_captures{0};
   SpinLock capture_lock;
   static constexpr int kMaxCaptures = 256;
-  cudaStream_t capturing[kMaxCaptures] = {};
+  Capture captures[kMaxCaptures];
 };
 
 alignas(State) unsigned char g_state_storage[sizeof(State)];
@@ -121,15 +129,10 @@ void start() {
     s.phase.store(kFailed, std::memory_order_release);
     return;
   }
-  for (const auto& w : s.parsed.warnings) print_stderr("warning: " + w);
   ProcessInfo info = make_process_info(config);
-  if (config.verbose) {
-    print_stderr("version " + std::string(poolshim_version_string()) + ", log " +
-                 (info.log_path.empty() ? std::string("disabled") : info.log_path));
-    for (const auto& line : describe_config(config)) print_stderr("option " + line);
-  }
   s.router = new Router(s.driver, config, s.events);
   s.router->set_stream_registry(&s.streams);
+  s.router->set_peer_access(&s.peers);
   s.worker = new BackgroundWorker(*s.router, s.events, std::move(info), s.parsed.warnings);
   s.worker->start();
   s.phase.store(kRunning, std::memory_order_release);
@@ -218,7 +221,13 @@ Router* router_for_call() {
   } else {
     // Another thread is starting the core (a few milliseconds: loading the driver, one
     // thread): wait for it, so that a program's first allocations are pooled like the rest.
-    while ((phase = s.phase.load(std::memory_order_acquire)) == kStarting) sched_yield();
+    // Not forever: the starting thread may be waiting for a lock this one holds (the dynamic
+    // loader's, when this call comes from a library constructor run by dlopen). Then this
+    // call passes through.
+    const std::uint64_t give_up = now_ns() + 200000000ULL;
+    while ((phase = s.phase.load(std::memory_order_acquire)) == kStarting && now_ns() < give_up) {
+      sched_yield();
+    }
   }
   return s.phase.load(std::memory_order_acquire) == kRunning ? s.router : nullptr;
 }
@@ -237,35 +246,68 @@ StreamRegistry& streams() {
   return state().streams;
 }
 
+void note_peer_access(int from, int to, Router* router) {
+  state().peers.enable(from, to);
+  if (router != nullptr) router->open_pool_to(to, from);
+}
+
 bool captures_active() {
   return state().active_captures.load(std::memory_order_acquire) > 0;
 }
 
-void capture_began(cudaStream_t stream) {
+void capture_began(cudaStream_t stream, int mode) {
   State& s = state();
   std::lock_guard<SpinLock> lock(s.capture_lock);
-  for (auto& slot : s.capturing) {
-    if (slot == nullptr) {
-      slot = stream;
-      s.active_captures.fetch_add(1, std::memory_order_acq_rel);
+  // Counted even when no slot is free (it can then never be uncounted, which only keeps
+  // allocations unpooled: safe).
+  s.active_captures.fetch_add(1, std::memory_order_acq_rel);
+  for (auto& slot : s.captures) {
+    if (!slot.used) {
+      slot = State::Capture{stream, mode, pthread_self(), true};
       return;
     }
   }
-  // More concurrent captures than slots: count it anyway (it can then never be uncounted,
-  // which only keeps allocations unpooled: safe).
-  s.active_captures.fetch_add(1, std::memory_order_acq_rel);
 }
 
 void capture_ended(cudaStream_t stream) {
   State& s = state();
   std::lock_guard<SpinLock> lock(s.capture_lock);
-  for (auto& slot : s.capturing) {
-    if (slot == stream && stream != nullptr) {
-      slot = nullptr;
+  for (auto& slot : s.captures) {
+    if (slot.used && slot.stream == stream) {
+      slot.used = false;
       s.active_captures.fetch_sub(1, std::memory_order_acq_rel);
       return;
     }
   }
+}
+
+bool sync_free_prohibited(const DriverApi& driver) {
+  // A synchronous free is a "potentially unsafe" call: refused when this thread captures in a
+  // mode other than relaxed, or another thread captures in global mode, unless this thread
+  // has switched itself to relaxed mode (cuThreadExchangeStreamCaptureMode).
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (driver.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS) return true;
+  CUstreamCaptureMode restore = mode;
+  driver.cuThreadExchangeStreamCaptureMode(&restore);
+  if (mode == CU_STREAM_CAPTURE_MODE_RELAXED) return false;
+  State& s = state();
+  std::lock_guard<SpinLock> lock(s.capture_lock);
+  const pthread_t self = pthread_self();
+  for (const auto& slot : s.captures) {
+    if (!slot.used) continue;
+    const bool mine = pthread_equal(slot.thread, self) != 0;
+    if (mine && slot.mode != CU_STREAM_CAPTURE_MODE_RELAXED) return true;
+    if (!mine && slot.mode == CU_STREAM_CAPTURE_MODE_GLOBAL) return true;
+  }
+  return false;
+}
+
+bool bookkeeping_allowed() {
+  return !state().forked_child_passthrough.load(std::memory_order_relaxed);
+}
+
+bool ordered_mode() {
+  return state().parsed.config.free == "ordered";
 }
 
 }  // namespace poolshim::shim

@@ -92,7 +92,7 @@ HOOKED_VARIANTS = {
     "cuStreamCreateWithPriority", "cuStreamDestroy", "cuStreamDestroy_v2", "cuStreamBeginCapture_v2",
     "cuStreamBeginCapture_v2_ptsz", "cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph_ptsz",
     "cuStreamEndCapture", "cuStreamEndCapture_ptsz", "cuCtxCreate_v2", "cuCtxCreate_v3", "cuCtxCreate_v4",
-    "cuGetProcAddress", "cuGetProcAddress_v2"}
+    "cuGetProcAddress", "cuGetProcAddress_v2", "cuGreenCtxCreate", "cuCtxEnablePeerAccess", "cuIpcGetMemHandle"}
 
 
 def check_proc_address(native_out, shim_out):

@@ -124,6 +124,18 @@ def case_two_devices_cross_device_free_matches_native(tmp):
 
 
 @case
+def case_capture_on_another_thread_matches_native(tmp):
+    native, shim = differential([program("capture_threads")], tmp)
+    # Over the double a global capture refuses another (global-mode) thread's cudaFree.
+    expect("global_capture_global_thread: begin=cudaSuccess malloc=cudaErrorStreamCaptureUnsupported "
+           "free=cudaErrorStreamCaptureUnsupported end=cudaErrorStreamCaptureInvalidated" in shim.out, shim.out)
+    expect("global_capture_relaxed_thread: begin=cudaSuccess malloc=cudaSuccess free=cudaSuccess "
+           "end=cudaSuccess" in shim.out, shim.out)
+    ex, d = exit_device(one_log(tmp))
+    expect_equal(d["live_allocs"], 0, "live allocations at exit")
+
+
+@case
 def case_churn_sync_counted_once(tmp):
     churn_case(tmp, "churn", "sync")
 

@@ -39,6 +39,7 @@ PROGRAMS = {  # name -> (source, extra nvcc flags); each built with the shared a
     "oom_exit": ("tests/programs/oom_exit.cpp", []),
     "threads": ("tests/programs/threads.cpp", []),
     "dlsym_semantics": ("tests/programs/dlsym_semantics.cpp", ["-ldl"]),
+    "capture_threads": ("tests/programs/capture_threads.cpp", []),
     "kernels_diff": ("tests/gpu/kernels_diff.cu", []),
     "kernels_diff_ptds": ("tests/gpu/kernels_diff.cu", ["--default-stream", "per-thread"]),
     "churn_ptds": ("tests/programs/churn.cpp", ["-DCUDA_API_PER_THREAD_DEFAULT_STREAM=1"]),
@@ -177,6 +178,12 @@ class Suite:
                 expect_equal(ooms[0]["verdict"], "exhausted", "verdict")
                 return [l for l in shim.err.splitlines() if "out of memory" in l][0]
             self.case(f"oom_exit [{runtime}]", oom_exit)
+
+            def capture_threads(runtime=runtime, check=check):
+                native, shim, logs = self.differential(f"capture-{runtime}", [self.binary("capture_threads", runtime)])
+                check(logs)
+                return shim.out
+            self.case(f"frees and allocations while another thread captures [{runtime}]", capture_threads)
 
             def threads(runtime=runtime, check=check):
                 native, shim, logs = self.differential(f"threads-{runtime}", [self.binary("threads", runtime)])

@@ -420,7 +420,9 @@ TEST_CASE("router: an ordered free waits on the device's streams, not the host")
   d.make_current(0);
   CUstream app_stream = nullptr;
   REQUIRE(d.api.cuStreamCreate(&app_stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-  streams.add(app_stream, 0);
+  CUevent app_event = nullptr;
+  REQUIRE(d.api.cuEventCreate(&app_event, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+  streams.add({app_stream, 0, app_event});
   streams.mark_observed();
   RealStub real;
   void* p = sync_alloc(router, 0, 1000, real);
@@ -503,13 +505,74 @@ TEST_CASE("router: a destroyed stream's queued work still orders later ordered f
   void* p = sync_alloc(router, 0, 1000, real);  // the pool must exist for the wait to be made
   CUstream app_stream = nullptr;
   REQUIRE(d.api.cuStreamCreate(&app_stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-  streams.add(app_stream, 0);
+  CUevent app_event = nullptr;
+  REQUIRE(d.api.cuEventCreate(&app_event, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+  streams.add({app_stream, 0, app_event});
   StreamRegistry::Entry entry;
   REQUIRE(streams.remove(app_stream, &entry));
   router.before_stream_destroy(entry);
   CHECK(d.calls("cuEventRecord") == 1);
   CHECK(d.calls("cuStreamWaitEvent") == 1);
+  CHECK(d.calls("cuEventDestroy_v2") == 1);
   CHECK(streams.size() == 0);
   router.free_sync(p, 0, real);
   CHECK(router.snapshot(0).stats.ordered_frees == 1);
+}
+
+TEST_CASE("router: a stream without an event makes an ordered free synchronize instead") {
+  DriverDouble d(1, 64 * MiB);
+  Config config = ordered_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  StreamRegistry streams;
+  streams.mark_observed();
+  router.set_stream_registry(&streams);
+  d.make_current(0);
+  CUstream app_stream = nullptr;
+  REQUIRE(d.api.cuStreamCreate(&app_stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  streams.add({app_stream, 0, nullptr});
+  RealStub real;
+  void* p = sync_alloc(router, 0, 1000, real);
+  router.free_sync(p, 0, real);
+  CHECK(router.snapshot(0).stats.ordered_frees == 0);
+  CHECK(router.snapshot(0).stats.frees == 1);
+  CHECK(d.calls("cuCtxSynchronize") == 1);
+}
+
+TEST_CASE("router: cudaDeviceReset forgets the device's registered streams") {
+  DriverDouble d(2, 64 * MiB);
+  Config config = ordered_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  StreamRegistry streams;
+  router.set_stream_registry(&streams);
+  streams.add({reinterpret_cast<CUstream>(0x10), 0, nullptr});
+  streams.add({reinterpret_cast<CUstream>(0x20), 1, nullptr});
+  router.before_device_reset(0);
+  CHECK(streams.size() == 1);
+  StreamRegistry::Entry e;
+  CHECK(streams.remove(reinterpret_cast<CUstream>(0x20), &e));
+  CHECK_FALSE(streams.remove(reinterpret_cast<CUstream>(0x10), &e));
+}
+
+TEST_CASE("router: peer access opens the peer's pool, also one made afterwards") {
+  DriverDouble d(2, 64 * MiB);
+  Config config = test_config();
+  EventQueue events;
+  Router router(d.api, config, events);
+  PeerAccess peers;
+  router.set_peer_access(&peers);
+  peers.enable(1, 0);  // device 1 reaches device 0's memory, before device 0's pool exists
+  RealStub real;
+  d.make_current(0);
+  CHECK(sync_alloc(router, 0, 1000, real) != nullptr);
+  CHECK(d.calls("cuMemPoolSetAccess") == 1);  // opened when it was made
+  d.make_current(1);
+  CHECK(sync_alloc(router, 1, 1000, real) != nullptr);
+  CHECK(d.calls("cuMemPoolSetAccess") == 1);  // nobody reaches device 1
+  peers.enable(0, 1);
+  router.open_pool_to(1, 0);  // enabled later: the existing pool opens now
+  CHECK(d.calls("cuMemPoolSetAccess") == 2);
+  CHECK(peers.accessors(0) == std::vector<int>{1});
+  CHECK(drain(events).empty());
 }

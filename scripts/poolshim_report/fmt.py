@@ -1,0 +1,137 @@
+"""Formatting shared by the terminal summary, the HTML page and the trace: bytes, counts,
+shares, times and call sites."""
+
+import datetime
+import os
+
+from poolshim_log import fmt_bytes, fmt_share  # noqa: F401  (re-exported)
+
+NONE = "-"
+
+# Leading frames in these modules are the CUDA runtime/driver or poolshim itself: the call site
+# shown first is the first frame outside them (all frames stay in the full stack).
+_PLUMBING_PREFIXES = ("libpoolshim", "libcudart", "libcuda.so")
+
+
+def fmt_count(n):
+    return NONE if n is None else f"{int(n):,}"
+
+
+def fmt_bytes_or_none(n):
+    return NONE if n is None else fmt_bytes(n)
+
+
+def fmt_pct(x):
+    return NONE if x is None else fmt_share(x)
+
+
+def fmt_seconds(t):
+    return NONE if t is None else f"{t:.3f} s"
+
+
+def fmt_duration(t):
+    if t is None:
+        return NONE
+    if t < 60:
+        return f"{t:.1f} s"
+    minutes, seconds = divmod(t, 60)
+    if minutes < 60:
+        return f"{int(minutes)} min {seconds:.0f} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{int(hours)} h {int(minutes)} min"
+
+
+def fmt_unix(s):
+    if s is None:
+        return None
+    try:
+        return datetime.datetime.fromtimestamp(s, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def shorten_middle(text, width):
+    """`text` cut in the middle to at most `width` characters."""
+    if width is None or len(text) <= width:
+        return text
+    keep = max(width - 3, 2)
+    head = (keep + 1) // 2
+    return text[:head] + "..." + text[len(text) - (keep - head):]
+
+
+def strip_arguments(name):
+    """A demangled function name without its parameter list: "ns::f(int, char const*) const"
+    -> "ns::f()". Names without a balanced trailing list are returned unchanged."""
+    end = len(name)
+    for suffix in (" const", " volatile", " &&", " &"):
+        if name[:end].endswith(suffix):
+            end -= len(suffix)
+    if end == 0 or name[end - 1] != ")":
+        return name
+    depth = 0
+    for i in range(end - 1, -1, -1):
+        c = name[i]
+        if c == ")":
+            depth += 1
+        elif c == "(":
+            depth -= 1
+            if depth == 0:
+                if i == 0:
+                    return name
+                return name[:i] + ("()" if i + 1 == end - 1 else "(...)")
+    return name
+
+
+def frame_module(frame):
+    module = frame.get("module") if isinstance(frame, dict) else None
+    return os.path.basename(module) if module else "?"
+
+
+def frame_text(frame, short=True, width=None):
+    """One frame: "function+0x38 (libapp.so)", or "libapp.so+0x1a2b" when not symbolized."""
+    if not isinstance(frame, dict):
+        return "?"
+    base = frame_module(frame)
+    function = frame.get("function")
+    if function:
+        name = strip_arguments(function) if short else function
+        if width is not None:
+            name = shorten_middle(name, max(width - len(base) - 12, 16))
+        offset = frame.get("function_offset")
+        return f"{name}{'' if offset is None else f'+0x{int(offset):x}'} ({base})"
+    offset = frame.get("offset")
+    return base if offset is None else f"{base}+0x{int(offset):x}"
+
+
+def top_frame_index(site):
+    """Index of the frame shown for a call site: the first outside the CUDA libraries and
+    poolshim (0 when all are inside)."""
+    for i, frame in enumerate(site):
+        if not frame_module(frame).startswith(_PLUMBING_PREFIXES):
+            return i
+    return 0
+
+
+def site_text(site, short=True, width=None, callers=0):
+    """A call site on one line: its top frame, and up to `callers` of its callers."""
+    if site is None:
+        return "(call site not recorded)"
+    if not site:
+        return "(no frames)"
+    first = top_frame_index(site)
+    frames = site[first:first + 1 + callers]
+    text = " <- ".join(frame_text(f, short=short) for f in frames)
+    if width is not None and len(text) > width:
+        text = frame_text(site[first], short=short, width=width)
+        if len(text) > width:
+            text = shorten_middle(text, width)
+    return text
+
+
+def site_key(site):
+    """Identity of a call site across processes: (module, offset, function) of each frame. Offsets are
+    module-relative, so the same code location has the same key in every process."""
+    if not site:
+        return None
+    return tuple((f.get("module"), f.get("offset"), f.get("function")) if isinstance(f, dict) else (None, None, None)
+                 for f in site)

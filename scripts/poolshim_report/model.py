@@ -1,0 +1,496 @@
+"""Logs -> runs -> figures.
+
+A *run* is one process's records: grouped by pid within a file, a `start` record opening a new
+run (several runs may have appended to one file, and a pid may come back), an `exit` record
+closing it. Every field beyond the four common ones is optional: a log of an older shape (no
+cap, no call sites) gives a report without those parts. Fields that are present are checked
+for their type, so that a damaged record is reported as `file:line: ...` instead of failing
+later.
+"""
+
+import math
+import os
+import shlex
+
+import poolshim_log
+from poolshim_log import LogError
+
+from .fmt import site_key
+
+VERDICTS = ("exhausted", "cap", "fragmentation")
+
+# ---- validation ---------------------------------------------------------------------------
+
+# Kinds: "int", "num", "str", "bool", "hist" (object of counts), "site" (null or a list of
+# frames), ("list", spec) (a list of objects), ("obj", spec). A field may be absent or null
+# unless it is listed in the spec's "!required" entry.
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+_SCALARS = {
+    "int": (_is_int, "an integer"),
+    "num": (_is_num, "a number"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+}
+
+FRAME = {"module": "str", "offset": "int", "function": "str", "function_offset": "int"}
+SITE_ROW = {"site": "site", "count": "num", "bytes": "num"}
+
+DEVICE_NUMBERS = (
+    "reserved_bytes", "reserved_bytes_peak", "used_bytes", "used_bytes_peak", "requested_bytes",
+    "requested_bytes_peak", "requested_bytes_total", "live_allocs", "live_allocs_peak",
+    "live_allocs_total", "allocs", "frees", "async_allocs", "async_frees", "ordered_frees",
+    "app_pool_allocs", "passthrough_allocs", "passthrough_frees", "failed_allocs", "ooms",
+    "oom_with_slack", "oom_retries", "oom_retry_successes", "fallback_allocs", "idle_trims",
+    "idle_trimmed_bytes", "reset_dropped", "pool_slack", "rounding_waste", "device_free",
+    "device_total", "cap_bytes")
+DEVICE_ROW = dict({f: "num" for f in DEVICE_NUMBERS}, device="int", size_histogram="hist")
+DEVICE_ROW["!required"] = ("device",)
+
+SPECS = {
+    "start": {
+        "version": "str", "host": "str", "start_unix_s": "num", "log": "str",
+        "command_line": ("strs",), "config": "obj", "config_sources": "obj",
+        "devices": ("list", {"device": "int", "name": "str", "total_bytes": "num", "!required": ("device",)}),
+    },
+    "sample": DEVICE_ROW,
+    "oom": {
+        "device": "int", "request_bytes": "num", "api": "str", "stream": "num", "device_free": "num",
+        "device_total": "num", "reserved_bytes": "num", "used_bytes": "num", "pool_unused_bytes": "num",
+        "released_bytes": "num", "live_bytes": "num", "live_allocs": "num", "retried": "bool",
+        "verdict": "str", "hint": "str", "cap_bytes": "num", "site": "site",
+        "largest": ("list", {"bytes": "num", "age_s": "num", "async": "bool", "stream": "num", "site": "site",
+                             "device": "int"}),
+        "by_site": ("list", SITE_ROW), "size_histogram": "hist",
+        "!required": ("device",),
+    },
+    "warning": {"message": "str"},
+    "exit": {
+        "pooled_allocs": "num", "events_dropped": "num", "devices": ("list", DEVICE_ROW),
+        "leaks": ("obj", {"count": "num", "bytes": "num", "by_site": ("list", SITE_ROW),
+                          "largest": ("list", {"device": "int", "bytes": "num", "age_s": "num",
+                                               "async": "bool", "site": "site"})}),
+        "paths": "obj", "notes": ("strs",),
+    },
+}
+
+
+class _Invalid(Exception):
+    pass
+
+
+def _short(value):
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check(value, kind, where):
+    if value is None:
+        return
+    if isinstance(kind, str) and kind in _SCALARS:
+        test, what = _SCALARS[kind]
+        if not test(value):
+            raise _Invalid(f"{where} should be {what}, not {_short(value)}")
+    elif kind == "obj":
+        if not isinstance(value, dict):
+            raise _Invalid(f"{where} should be an object, not {_short(value)}")
+    elif kind == "hist":
+        if not isinstance(value, dict) or not all(_is_num(v) for v in value.values()):
+            raise _Invalid(f"{where} should be an object of counts, not {_short(value)}")
+    elif kind == "site":
+        if not isinstance(value, list):
+            raise _Invalid(f"{where} should be null or a list of frames, not {_short(value)}")
+        for i, frame in enumerate(value):
+            _check_object(frame, FRAME, f"{where}[{i}]")
+    elif kind[0] == "strs":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise _Invalid(f"{where} should be a list of strings, not {_short(value)}")
+    elif kind[0] == "list":
+        if not isinstance(value, list):
+            raise _Invalid(f"{where} should be a list, not {_short(value)}")
+        for i, item in enumerate(value):
+            _check_object(item, kind[1], f"{where}[{i}]")
+    elif kind[0] == "obj":
+        _check_object(value, kind[1], where)
+
+
+def _check_object(value, spec, where):
+    if not isinstance(value, dict):
+        raise _Invalid(f"{where} should be an object, not {_short(value)}")
+    for name in spec.get("!required", ()):
+        if value.get(name) is None:
+            raise _Invalid(f"{where + '.' if where else ''}{name} is missing")
+    for name, kind in spec.items():
+        if name != "!required" and name in value:
+            _check(value[name], kind, f"{where + '.' if where else ''}{name}")
+
+
+def _check_record(record):
+    if not _is_num(record["t"]):
+        raise _Invalid(f"t should be a number, not {_short(record['t'])}")
+    if not _is_int(record["pid"]):
+        raise _Invalid(f"pid should be an integer, not {_short(record['pid'])}")
+    _check_object(record, SPECS[record["type"]], "")
+
+
+def _line_numbers(path):
+    """The line number of each record of `path`, counted as poolshim_log.read_log counts them
+    (it skips blank lines)."""
+    with open(path, "r", encoding="utf-8", errors="replace") as handle:
+        return [n for n, line in enumerate(handle, start=1) if line.strip()]
+
+
+def read_records(path):
+    """poolshim_log.read_log, plus a type check of the fields the report uses. Raises LogError."""
+    try:
+        records = poolshim_log.read_log(path)
+    except UnicodeDecodeError as e:
+        # read_log decodes lines outside its own error handling.
+        raise LogError(f"{path}: not a poolshim log: not UTF-8 text (byte {e.start} of a line cannot be decoded)") from None
+    except MemoryError:
+        raise LogError(f"{path}: too large to read") from None
+    for index, record in enumerate(records):
+        try:
+            _check_record(record)
+        except _Invalid as e:
+            try:
+                line = _line_numbers(path)[index]
+            except (OSError, IndexError):
+                line = "?"
+            raise LogError(f"{path}:{line}: bad {record['type']} record: {e}") from None
+    return records
+
+
+# ---- runs ----------------------------------------------------------------------------------
+
+
+def _num(v):
+    return v if _is_num(v) else None
+
+
+class Device:
+    """One device of one run: its sample rows (in time order) and its exit row."""
+
+    def __init__(self, device):
+        self.device = device
+        self.name = None
+        self.total_bytes = None
+        self.samples = []
+        self.exit_row = None
+        self.ooms = []
+
+    # The rows with figures, sample records first, the exit row last.
+    @property
+    def rows(self):
+        return self.samples + ([self.exit_row] if self.exit_row is not None else [])
+
+    @property
+    def final(self):
+        if self.exit_row is not None:
+            return self.exit_row
+        return self.samples[-1] if self.samples else {}
+
+    def last(self, field):
+        return _num(self.final.get(field))
+
+    def peak(self, field):
+        """Highest `field` or `field`_peak seen (peaks restart when a pool is re-created)."""
+        values = [_num(r.get(name)) for r in self.rows for name in (field + "_peak", field)]
+        values = [v for v in values if v is not None]
+        return max(values) if values else None
+
+    def counter(self, field):
+        """A running total: its highest value seen (the final one unless the log is damaged)."""
+        values = [_num(r.get(field)) for r in self.rows]
+        values = [v for v in values if v is not None]
+        return max(values) if values else None
+
+    def share(self, field):
+        """(last, max, mean) of a 0..1 figure; mean over the sample records (the exit row only
+        when there are none)."""
+        rows = self.samples or self.rows
+        values = [v for v in (_num(r.get(field)) for r in rows) if v is not None]
+        every = [v for v in (_num(r.get(field)) for r in self.rows) if v is not None]
+        if not every:
+            return (None, None, None)
+        return (self.last(field), max(every), sum(values) / len(values) if values else None)
+
+    @property
+    def cap(self):
+        """The cap in bytes (the last one set), or None."""
+        caps = [_num(r.get("cap_bytes")) for r in self.rows]
+        caps = [c for c in caps if c is not None]
+        return caps[-1] if caps else None
+
+    @property
+    def has_cap_field(self):
+        return any("cap_bytes" in r for r in self.rows) or any("cap_bytes" in o for o in self.ooms)
+
+    def series(self, field):
+        """[(t, value)] over the samples (or the exit row when there are none)."""
+        rows = self.samples if self.samples else ([self.exit_row] if self.exit_row else [])
+        out = []
+        for r in rows:
+            v = _num(r.get(field))
+            if v is not None:
+                out.append((r["t"], v))
+        return out
+
+    @property
+    def used(self):
+        return bool(self.rows) or bool(self.ooms)
+
+
+class Run:
+    """One process run: the records of one pid between a start record and an exit record."""
+
+    def __init__(self, path, pid, file_index):
+        self.path = path
+        self.pid = pid
+        self.file_index = file_index   # position among the runs of its file
+        self.start = None
+        self.exit = None
+        self.samples = []
+        self.ooms = []
+        self.warnings = []
+        self.record_count = 0
+        self.t_min = None
+        self.t_max = None
+        self.index = None              # position in the report; set by Report
+        self._devices = None
+
+    def add(self, record):
+        self.record_count += 1
+        t = record["t"]
+        self.t_min = t if self.t_min is None else min(self.t_min, t)
+        self.t_max = t if self.t_max is None else max(self.t_max, t)
+        kind = record["type"]
+        if kind == "start":
+            self.start = record
+        elif kind == "exit":
+            self.exit = record
+        elif kind == "sample":
+            self.samples.append(record)
+        elif kind == "oom":
+            self.ooms.append(record)
+        elif kind == "warning":
+            self.warnings.append(record)
+        self._devices = None
+
+    # -- identity --
+    @property
+    def host(self):
+        return (self.start or {}).get("host")
+
+    @property
+    def rank(self):
+        rank = (self.start or {}).get("rank")
+        return None if rank is None else str(rank)
+
+    @property
+    def version(self):
+        return (self.start or {}).get("version")
+
+    @property
+    def start_unix_s(self):
+        return _num((self.start or {}).get("start_unix_s"))
+
+    @property
+    def command_line(self):
+        return (self.start or {}).get("command_line") or []
+
+    @property
+    def command(self):
+        return shlex.join(self.command_line) if self.command_line else None
+
+    @property
+    def program(self):
+        """The command's program name (no path), or None."""
+        return os.path.basename(self.command_line[0]) if self.command_line else None
+
+    @property
+    def label(self):
+        parts = [f"pid {self.pid}"]
+        if self.rank is not None:
+            parts.append(f"rank {self.rank}")
+        if self.host:
+            parts.append(f"host {self.host}")
+        return ", ".join(parts)
+
+    @property
+    def anchor(self):
+        return f"run-{self.index}-pid-{self.pid}"
+
+    @property
+    def duration(self):
+        return self.t_max
+
+    @property
+    def config_changes(self):
+        """(key, value, source) of the options not at their default."""
+        start = self.start or {}
+        config = start.get("config") or {}
+        sources = start.get("config_sources") or {}
+        return [(k, str(v), str(sources.get(k))) for k, v in config.items()
+                if sources.get(k) not in (None, "default")]
+
+    # -- devices --
+    @property
+    def devices(self):
+        """{ordinal: Device} of the devices this run used (with samples, exit figures or OOMs)."""
+        if self._devices is None:
+            devices = {}
+            for s in sorted(self.samples, key=lambda r: r["t"]):
+                devices.setdefault(s["device"], Device(s["device"])).samples.append(s)
+            for row in (self.exit or {}).get("devices") or []:
+                devices.setdefault(row["device"], Device(row["device"])).exit_row = row
+            for o in self.ooms:
+                devices.setdefault(o["device"], Device(o["device"])).ooms.append(o)
+            for d in (self.start or {}).get("devices") or []:
+                if d["device"] in devices:
+                    devices[d["device"]].name = d.get("name")
+                    devices[d["device"]].total_bytes = _num(d.get("total_bytes"))
+            self._devices = {k: devices[k] for k in sorted(devices)}
+        return self._devices
+
+    def total(self, field):
+        values = [d.counter(field) for d in self.devices.values()]
+        values = [v for v in values if v is not None]
+        return sum(values) if values else None
+
+    @property
+    def ooms_sorted(self):
+        return sorted(self.ooms, key=lambda o: o["t"])
+
+    @property
+    def leaks(self):
+        """The exit record's `leaks` (count, bytes, largest, by_site) or None without exit."""
+        if self.exit is None:
+            return None
+        leaks = self.exit.get("leaks") or {}
+        return {"count": _num(leaks.get("count")) or 0, "bytes": _num(leaks.get("bytes")) or 0,
+                "largest": leaks.get("largest") or [], "by_site": leaks.get("by_site"),
+                "has_by_site": "by_site" in leaks}
+
+    @property
+    def notes(self):
+        return (self.exit or {}).get("notes") or []
+
+    @property
+    def ending(self):
+        """How the run ended, in words."""
+        if self.exit is not None:
+            return "exited normally"
+        if self.ooms and self.ooms_sorted[-1]["t"] >= (self.t_max or 0) - 1.0:
+            return "no exit record: it ended right after an out-of-memory error (killed, _exit or abort)"
+        return "no exit record: killed, or ended by _exit, abort or a fatal signal"
+
+
+def group_runs(path, records):
+    """Runs of one file, in order of their first record."""
+    runs = []
+    current = {}   # pid -> open run
+    for record in records:
+        pid = record["pid"]
+        run = current.get(pid)
+        if record["type"] == "start":
+            # A start opens a new run, unless the open one has no start and no exit yet (its
+            # records came before the start record, from the same process).
+            if run is None or run.start is not None or run.exit is not None:
+                run = Run(path, pid, len(runs))
+                runs.append(run)
+                current[pid] = run
+        elif run is None or run.exit is not None:
+            run = Run(path, pid, len(runs))
+            runs.append(run)
+            current[pid] = run
+        run.add(record)
+    return runs
+
+
+def _merge_site_rows(rows_with_run):
+    """[(run, {"site", "count", "bytes"})] -> [{"site", "count", "bytes", "runs"}] merged by call
+    site, largest bytes first."""
+    merged = {}
+    for run, row in rows_with_run:
+        key = site_key(row.get("site"))
+        entry = merged.setdefault(key, {"site": row.get("site"), "count": 0, "bytes": 0, "runs": []})
+        entry["count"] += _num(row.get("count")) or 0
+        entry["bytes"] += _num(row.get("bytes")) or 0
+        if run not in entry["runs"]:
+            entry["runs"].append(run)
+    return sorted(merged.values(), key=lambda e: (-e["bytes"], -e["count"]))
+
+
+class Report:
+    """Every run of every log given, in the order given."""
+
+    def __init__(self, paths, runs):
+        self.paths = paths
+        self.runs = runs
+        for i, run in enumerate(runs):
+            run.index = i
+
+    @property
+    def several(self):
+        return len(self.runs) > 1
+
+    def device_rows(self):
+        """(run, device) of every device of every run, by device, then rank, host, pid."""
+        def rank_key(run):
+            r = run.rank
+            return (0, int(r), "") if r is not None and r.lstrip("-").isdigit() else (1, 0, r or "")
+        rows = [(run, d) for run in self.runs for d in run.devices.values()]
+        return sorted(rows, key=lambda rd: (rd[1].device, rank_key(rd[0]), rd[0].host or "", rd[0].pid, rd[0].index))
+
+    def total(self, field):
+        values = [run.total(field) for run in self.runs]
+        values = [v for v in values if v is not None]
+        return sum(values) if values else None
+
+    def oom_counts(self):
+        counts = {}
+        for run in self.runs:
+            for o in run.ooms:
+                v = o.get("verdict") or "unknown"
+                counts[v] = counts.get(v, 0) + 1
+        return counts
+
+    def leak_sites(self):
+        return _merge_site_rows([(run, row) for run in self.runs
+                                 for row in ((run.leaks or {}).get("by_site") or [])])
+
+    def oom_sites(self):
+        """OOMs merged by the failing call's site: [{"site", "count", "bytes" (requested), "runs"}]."""
+        return _merge_site_rows([(run, {"site": o.get("site"), "count": 1, "bytes": o.get("request_bytes")})
+                                 for run in self.runs for o in run.ooms if o.get("site")])
+
+
+def load(paths):
+    """A Report of the logs at `paths` (duplicates read once). Raises LogError."""
+    seen = set()
+    unique = []
+    for path in paths:
+        key = os.path.realpath(path)
+        if key not in seen:
+            seen.add(key)
+            unique.append(path)
+    runs = []
+    for path in unique:
+        runs.extend(group_runs(path, read_records(path)))
+    if not runs:
+        raise LogError("no poolshim records in " + ", ".join(unique))
+    return Report(unique, runs)
+
+
+def verdict_counts_text(counts):
+    order = list(VERDICTS) + sorted(k for k in counts if k not in VERDICTS)
+    return ", ".join(f"{k} {counts[k]}" for k in order if counts.get(k))
