@@ -251,11 +251,11 @@ CUresult alloc_from_app_pool(Real real_fn, CUdeviceptr* dptr, size_t bytes, CUme
 }
 
 template <typename Begin>
-CUresult begin_capture(Begin&& begin, CUstream stream, CUstreamCaptureMode mode, bool ptsz) {
+CUresult begin_capture(Begin&& begin, CUstream stream, bool ptsz) {
   HookScope scope;
   const bool track = scope.outermost() && poolshim::shim::bookkeeping_allowed();
   const auto key = reinterpret_cast<cudaStream_t>(per_thread(stream, ptsz));
-  if (track) poolshim::shim::capture_began(key, mode);  // before: no call slips in between
+  if (track) poolshim::shim::capture_began(key);  // before: no call slips in between
   const CUresult r = begin();
   if (track && r != CUDA_SUCCESS) poolshim::shim::capture_ended(key);
   return r;
@@ -349,8 +349,10 @@ POOLSHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   CUresult result = CUDA_SUCCESS;
   auto call_real = [&] { return classify(result = real_fn(dptr)); };
   void* ptr = reinterpret_cast<void*>(dptr);
-  if (captures_active() && poolshim::shim::sync_free_prohibited(router->driver())) {
-    // Natively refused (and the capture invalidated): the real call says so, frees nothing.
+  if (captures_active()) {
+    // During a capture the real function decides: it refuses the free where the capture
+    // rules forbid it, and otherwise frees without the device-wide synchronization that would
+    // invalidate the capture (seen on an H200: our synchronize-then-free did invalidate it).
     router->free_unrouted(ptr, router->current_device(), call_real);
   } else {
     router->free_sync(ptr, router->current_device(), call_real);
@@ -466,12 +468,12 @@ POOLSHIM_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
 
 POOLSHIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
   return begin_capture([&] { return real::cuStreamBeginCapture_v2()(hStream, mode); }, hStream,
-                       mode, false);
+                       false);
 }
 
 POOLSHIM_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
   return begin_capture([&] { return real::cuStreamBeginCapture_v2_ptsz()(hStream, mode); }, hStream,
-                       mode, true);
+                       true);
 }
 
 POOLSHIM_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
@@ -484,7 +486,7 @@ POOLSHIM_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph h
         return real::cuStreamBeginCaptureToGraph()(hStream, hGraph, dependencies, dependencyData,
                                                    numDependencies, mode);
       },
-      hStream, mode, false);
+      hStream, false);
 }
 
 POOLSHIM_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
@@ -497,7 +499,7 @@ POOLSHIM_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgr
         return real::cuStreamBeginCaptureToGraph_ptsz()(hStream, hGraph, dependencies,
                                                         dependencyData, numDependencies, mode);
       },
-      hStream, mode, true);
+      hStream, true);
 }
 
 POOLSHIM_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {

@@ -124,8 +124,10 @@ POOLSHIM_EXPORT cudaError_t cudaFree(void* devPtr) {
   if (router == nullptr) return real::cudaFree()(devPtr);
   cudaError_t result = cudaSuccess;
   auto call_real = [&] { return classify(result = real::cudaFree()(devPtr)); };
-  if (captures_active() && poolshim::shim::sync_free_prohibited(router->driver())) {
-    // Natively refused (and the capture invalidated): the real call says so, frees nothing.
+  if (captures_active()) {
+    // During a capture the real function decides: it refuses the free where the capture
+    // rules forbid it, and otherwise frees without the device-wide synchronization that would
+    // invalidate the capture (seen on an H200: our synchronize-then-free did invalidate it).
     router->free_unrouted(devPtr, router->current_device(), call_real);
   } else {
     router->free_sync(devPtr, router->current_device(), call_real);
@@ -190,10 +192,10 @@ POOLSHIM_EXPORT cudaError_t cudaDeviceSetMemPool(int device, cudaMemPool_t memPo
 namespace {
 
 template <typename Begin>
-cudaError_t begin_capture(Begin&& begin, cudaStream_t key, int mode) {
+cudaError_t begin_capture(Begin&& begin, cudaStream_t key) {
   HookScope scope;
   const bool track = scope.outermost() && poolshim::shim::bookkeeping_allowed();
-  if (track) poolshim::shim::capture_began(key, mode);
+  if (track) poolshim::shim::capture_began(key);
   const cudaError_t result = begin();
   if (track && result != cudaSuccess) poolshim::shim::capture_ended(key);
   return result;
@@ -214,13 +216,13 @@ cudaError_t end_capture(End&& end, cudaStream_t key) {
 POOLSHIM_EXPORT cudaError_t cudaStreamBeginCapture(cudaStream_t stream,
                                                    enum cudaStreamCaptureMode mode) {
   return begin_capture([&] { return real::cudaStreamBeginCapture()(stream, mode); },
-                       capture_key(stream, false), mode);
+                       capture_key(stream, false));
 }
 
 POOLSHIM_EXPORT cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream,
                                                         enum cudaStreamCaptureMode mode) {
   return begin_capture([&] { return real::cudaStreamBeginCapture_ptsz()(stream, mode); },
-                       capture_key(stream, true), mode);
+                       capture_key(stream, true));
 }
 
 POOLSHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph,
@@ -233,7 +235,7 @@ POOLSHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, c
         return real::cudaStreamBeginCaptureToGraph()(stream, graph, dependencies, dependencyData,
                                                      numDependencies, mode);
       },
-      capture_key(stream, false), mode);
+      capture_key(stream, false));
 }
 
 POOLSHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(
@@ -245,7 +247,7 @@ POOLSHIM_EXPORT cudaError_t cudaStreamBeginCaptureToGraph_ptsz(
         return real::cudaStreamBeginCaptureToGraph_ptsz()(stream, graph, dependencies,
                                                           dependencyData, numDependencies, mode);
       },
-      capture_key(stream, true), mode);
+      capture_key(stream, true));
 }
 
 POOLSHIM_EXPORT cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) {

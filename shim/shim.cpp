@@ -51,11 +51,9 @@ struct State {
   PathCounters paths;
   StreamRegistry streams;
   PeerAccess peers;
-  // Stream captures in progress, with their mode and thread (DESIGN §3, capture rules).
+  // Stream captures in progress (DESIGN §3).
   struct Capture {
     cudaStream_t stream = nullptr;
-    int mode = 0;  // CUstreamCaptureMode
-    pthread_t thread{};
     bool used = false;
   };
   std::atomic<int> active_captures{0};
@@ -255,7 +253,7 @@ bool captures_active() {
   return state().active_captures.load(std::memory_order_acquire) > 0;
 }
 
-void capture_began(cudaStream_t stream, int mode) {
+void capture_began(cudaStream_t stream) {
   State& s = state();
   std::lock_guard<SpinLock> lock(s.capture_lock);
   // Counted even when no slot is free (it can then never be uncounted, which only keeps
@@ -263,7 +261,7 @@ void capture_began(cudaStream_t stream, int mode) {
   s.active_captures.fetch_add(1, std::memory_order_acq_rel);
   for (auto& slot : s.captures) {
     if (!slot.used) {
-      slot = State::Capture{stream, mode, pthread_self(), true};
+      slot = State::Capture{stream, true};
       return;
     }
   }
@@ -279,27 +277,6 @@ void capture_ended(cudaStream_t stream) {
       return;
     }
   }
-}
-
-bool sync_free_prohibited(const DriverApi& driver) {
-  // A synchronous free is a "potentially unsafe" call: refused when this thread captures in a
-  // mode other than relaxed, or another thread captures in global mode, unless this thread
-  // has switched itself to relaxed mode (cuThreadExchangeStreamCaptureMode).
-  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  if (driver.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS) return true;
-  CUstreamCaptureMode restore = mode;
-  driver.cuThreadExchangeStreamCaptureMode(&restore);
-  if (mode == CU_STREAM_CAPTURE_MODE_RELAXED) return false;
-  State& s = state();
-  std::lock_guard<SpinLock> lock(s.capture_lock);
-  const pthread_t self = pthread_self();
-  for (const auto& slot : s.captures) {
-    if (!slot.used) continue;
-    const bool mine = pthread_equal(slot.thread, self) != 0;
-    if (mine && slot.mode != CU_STREAM_CAPTURE_MODE_RELAXED) return true;
-    if (!mine && slot.mode == CU_STREAM_CAPTURE_MODE_GLOBAL) return true;
-  }
-  return false;
 }
 
 bool bookkeeping_allowed() {

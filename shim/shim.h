@@ -56,13 +56,10 @@ void note_peer_access(int from, int to, Router* router);
 /// True while some stream capture that the shim saw begin has not ended: allocation calls
 /// then pass through unchanged, so a capture sees exactly the native behaviour.
 bool captures_active();
-/// Called before the real begin (so that no call slips in between) with the capture mode;
-/// capture_ended undoes it when the begin failed, and at the end of the capture.
-void capture_began(cudaStream_t stream, int mode);
+/// Called before the real begin (so that no call slips in between); capture_ended undoes it
+/// when the begin failed, and at the end of the capture.
+void capture_began(cudaStream_t stream);
 void capture_ended(cudaStream_t stream);
-/// Whether a synchronous free on this thread would be refused natively because of a capture
-/// in progress (this thread's, or another thread's global-mode one).
-bool sync_free_prohibited(const DriverApi& driver);
 
 /// False in a forked child of a process whose core had started: hooks then touch no shim
 /// state at all (the parent's locks may have been copied held).

@@ -32,6 +32,8 @@ def fmt_seconds(t):
 def fmt_duration(t):
     if t is None:
         return NONE
+    if t < 1:
+        return f"{t * 1000:.0f} ms"
     if t < 60:
         return f"{t:.1f} s"
     minutes, seconds = divmod(t, 60)
@@ -82,23 +84,82 @@ def strip_arguments(name):
     return name
 
 
+def _depth0_split(text, sep):
+    """Split `text` at `sep` outside <> and () (None when brackets do not balance)."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(text):
+        c = text[i]
+        if c in "<(":
+            depth += 1
+        elif c in ">)":
+            depth -= 1
+            if depth < 0:
+                return None
+        elif depth == 0 and text.startswith(sep, i):
+            parts.append(text[start:i])
+            i += len(sep)
+            start = i
+            continue
+        i += 1
+    if depth != 0:
+        return None
+    parts.append(text[start:])
+    return parts
+
+
+def _collapse_templates(text):
+    out, depth = [], 0
+    for c in text:
+        if c == "<":
+            if depth == 0:
+                out.append("<...>")
+            depth += 1
+        elif c == ">":
+            depth -= 1
+        elif depth == 0:
+            out.append(c)
+    return "".join(out)
+
+
+def short_function(name):
+    """A short form of a demangled name for one-line display: no parameters, no return type,
+    template arguments as <...>, the last two scopes: "c10::cuda::Alloc::malloc(void**)" ->
+    "Alloc::malloc". Names it cannot parse (operators, odd brackets) are returned whole."""
+    if "operator" in name or "lambda" in name or "{" in name:
+        return strip_arguments(name)
+    text = strip_arguments(name)
+    if text.endswith("(...)") or text.endswith("()"):
+        text = text[:text.rindex("(")]
+    words = _depth0_split(text, " ")
+    if not words:
+        return strip_arguments(name)
+    text = words[-1]                       # drop a return type ("void ns::f<int>")
+    scopes = _depth0_split(text, "::")
+    if not scopes:
+        return strip_arguments(name)
+    return _collapse_templates("::".join(scopes[-2:])) or name
+
+
 def frame_module(frame):
     module = frame.get("module") if isinstance(frame, dict) else None
     return os.path.basename(module) if module else "?"
 
 
-def frame_text(frame, short=True, width=None):
-    """One frame: "function+0x38 (libapp.so)", or "libapp.so+0x1a2b" when not symbolized."""
+def frame_text(frame, short=True, width=None, offsets=True):
+    """One frame: "function+0x38 (libapp.so)", or "libapp.so+0x1a2b" when not symbolized.
+    short: the function's short form (short_function); offsets=False leaves out +0x..;
+    width: the function name is cut in the middle to fit."""
     if not isinstance(frame, dict):
         return "?"
     base = frame_module(frame)
     function = frame.get("function")
     if function:
-        name = strip_arguments(function) if short else function
-        if width is not None:
-            name = shorten_middle(name, max(width - len(base) - 12, 16))
+        name = short_function(function) if short else function
         offset = frame.get("function_offset")
-        return f"{name}{'' if offset is None else f'+0x{int(offset):x}'} ({base})"
+        suffix = f"+0x{int(offset):x}" if offsets and offset is not None else ""
+        if width is not None:
+            name = shorten_middle(name, max(width - len(base) - len(suffix) - 3, 12))
+        return f"{name}{suffix} ({base})"
     offset = frame.get("offset")
     return base if offset is None else f"{base}+0x{int(offset):x}"
 
@@ -121,11 +182,14 @@ def site_text(site, short=True, width=None, callers=0):
     first = top_frame_index(site)
     frames = site[first:first + 1 + callers]
     text = " <- ".join(frame_text(f, short=short) for f in frames)
-    if width is not None and len(text) > width:
-        text = frame_text(site[first], short=short, width=width)
-        if len(text) > width:
-            text = shorten_middle(text, width)
-    return text
+    if width is None or len(text) <= width:
+        return text
+    text = " <- ".join(frame_text(f, short=short, offsets=False) for f in frames)
+    if len(text) <= width:
+        return text
+    each = max((width - 4 * (len(frames) - 1)) // len(frames), 20)
+    text = " <- ".join(frame_text(f, short=short, offsets=False, width=each) for f in frames)
+    return shorten_middle(text, width)
 
 
 def site_key(site):

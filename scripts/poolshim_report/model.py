@@ -388,10 +388,10 @@ class Run:
     def ending(self):
         """How the run ended, in words."""
         if self.exit is not None:
-            return "exited normally"
+            return "normally (exit record written)"
         if self.ooms and self.ooms_sorted[-1]["t"] >= (self.t_max or 0) - 1.0:
-            return "no exit record: it ended right after an out-of-memory error (killed, _exit or abort)"
-        return "no exit record: killed, or ended by _exit, abort or a fatal signal"
+            return "no exit record, right after an out-of-memory error (killed, _exit, abort or a fatal signal)"
+        return "no exit record (killed, _exit, abort or a fatal signal)"
 
 
 def group_runs(path, records):

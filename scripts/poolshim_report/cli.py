@@ -1,0 +1,125 @@
+"""The command line of poolshim-report."""
+
+import argparse
+import os
+import sys
+
+from poolshim_log import LogError
+
+from . import model
+
+PROG = "poolshim-report"
+
+DESCRIPTION = """\
+Summarize poolshim logs (JSON Lines, schema 1; README.md "The log").
+
+Each LOG is one log file: one per process or rank, or one that several processes appended to
+(records are grouped by pid, and a start record opens a new run, so a file may hold several
+runs). With more than one process, a merged summary follows: totals across processes, every
+device of every rank side by side, and leaks and out-of-memory errors by call site.
+
+By default the summary is printed on standard output; --html and --perfetto write files too
+(add --quiet to print nothing)."""
+
+EPILOG = """\
+the summary, per process:
+  peaks and final figures of reserved, used and requested bytes per device (and the cap when
+  one is set); fragmentation over time: pool slack (1 - used/reserved) and rounding waste
+  (1 - requested/used), each as last / max / mean over the samples; allocations pooled,
+  async, passed through, fallback and failed; out-of-memory errors with verdict, hint and call
+  site; leaks at exit by call site; warnings. Bytes are in powers of 1024 (KiB, MiB, GiB).
+  A call site is shown by its first frame outside the CUDA libraries and poolshim.
+
+exit status:
+  0  done
+  1  an output file could not be written
+  2  bad usage, or a log that cannot be read: missing, empty, not JSON, not a poolshim log,
+     a newer schema, or a record with a field of the wrong type (the message names the file
+     and line)
+
+examples:
+  poolshim-report poolshim-4242.jsonl
+  poolshim-report --full run.jsonl
+  poolshim-report --html report.html --perfetto trace.json logs/rank*.jsonl
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parser():
+    p = _Parser(prog=PROG, description=DESCRIPTION, epilog=EPILOG,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("logs", metavar="LOG", nargs="+", help="poolshim log file(s) (JSON Lines)")
+    p.add_argument("--full", action="store_true",
+                   help="print everything: every OOM with the pool's state, live memory by call site and the "
+                        "largest live allocations at the failure; every leak site with its whole stack; every "
+                        "warning; every counter (by default a process takes about 40 lines)")
+    p.add_argument("--html", metavar="FILE",
+                   help="write one self-contained HTML page (no network access: inline CSS, SVG and script): a "
+                        "timeline per device (reserved, used, requested bytes, the cap, OOMs as markers) and "
+                        "tables of processes, OOMs, leaks by call site and warnings")
+    p.add_argument("--perfetto", metavar="FILE",
+                   help="write a Chrome trace-event JSON file for ui.perfetto.dev (or chrome://tracing): byte "
+                        "counters per device, OOMs and warnings as instant events, one track per process")
+    p.add_argument("--align", choices=("wall", "zero"), default="wall",
+                   help="Perfetto time axis: 'wall' (default) places each process at its start time "
+                        "(start_unix_s, whole seconds) so that runs and ranks line up; 'zero' starts every "
+                        "process at 0")
+    p.add_argument("--quiet", "-q", action="store_true", help="print no summary (with --html or --perfetto)")
+    return p
+
+
+def _write(path, text):
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise OSError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def main(argv=None):
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        sys.stdout.reconfigure(errors="replace")
+    except (AttributeError, ValueError):
+        pass
+    try:
+        report = model.load(args.logs)
+    except LogError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        if args.html:
+            from . import html_page
+            _write(args.html, html_page.render(report))
+        if args.perfetto:
+            from . import perfetto
+            _write(args.perfetto, perfetto.dumps(report, align=args.align))
+    except OSError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        from . import text
+        try:
+            sys.stdout.write(text.summary(report, full=args.full))
+            sys.stdout.flush()
+        except BrokenPipeError:
+            # The reader went away (| head): not an error of ours.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return 0
+    for label, path in (("HTML page", args.html), ("Perfetto trace", args.perfetto)):
+        if path:
+            print(f"{PROG}: wrote {label} {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,550 @@
+"""One self-contained HTML page: no network access of any kind (inline CSS, SVG drawn here,
+and a small inline script for the hover read-out; a Content-Security-Policy forbids every
+fetch). The charts are complete without the script.
+
+Stable hooks for tests and tools:
+  <section class="process" id="run-N-pid-P" data-pid="P">            one per run
+  <svg class="timeline" id="tl-N-D" data-pid="P" data-device="D">     one per device of a run
+    <polyline class="series reserved|used|requested|cap" points="x,y ...">
+    <g class="oom-marker" data-verdict="..." data-t="...">            one per OOM on the device
+  <table class="figures|ooms|leaks|warnings|processes|merged-devices|merged-leaks">
+The script sets data-interactive="1" on every timeline it has wired up.
+"""
+
+import datetime
+import html
+import json
+import math
+
+from . import fmt
+from .fmt import NONE, fmt_bytes, fmt_bytes_or_none, fmt_count, fmt_duration, fmt_pct, fmt_seconds, fmt_unix
+from .model import verdict_counts_text
+
+SERIES = (("reserved", "reserved_bytes"), ("used", "used_bytes"), ("requested", "requested_bytes"))
+UNITS = (("TiB", 1024 ** 4), ("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024), ("B", 1))
+
+# Chart geometry (SVG user units; the SVG scales to the width of its box).
+W, H = 900, 300
+ML, MR, MT, MB = 70, 18, 16, 34
+
+
+def esc(text):
+    return html.escape("" if text is None else str(text), quote=True)
+
+
+# ---- the chart ------------------------------------------------------------------------------
+
+
+def _nice_step(span, target):
+    raw = span / max(target, 1)
+    if raw <= 0:
+        return 1.0
+    mag = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 2.5, 5, 10):
+        if raw <= m * mag:
+            return m * mag
+    return 10 * mag
+
+
+def _byte_unit(value):
+    for name, size in UNITS:
+        if value >= size:
+            return name, size
+    return "B", 1
+
+
+def _byte_ticks(top):
+    """(tick values, upper bound) for a bytes axis from 0 to at least `top`."""
+    if top <= 0:
+        top = 1024 ** 2
+    name, size = _byte_unit(top)
+    step = _nice_step(top / size, 5) * size
+    n = math.ceil(top / step - 1e-9)
+    return [i * step for i in range(n + 1)], n * step, (name, size)
+
+
+def _time_ticks(t0, t1):
+    step = _nice_step(t1 - t0, 8)
+    first = math.ceil(t0 / step - 1e-9) * step
+    ticks = []
+    t = first
+    while t <= t1 + 1e-9:
+        ticks.append(round(t, 9))
+        t += step
+    return ticks
+
+
+def _tick_label(value, unit):
+    name, size = unit
+    v = value / size
+    return f"{v:g} {name}" if v else "0"
+
+
+def _seconds_label(t):
+    return f"{t:g} s"
+
+
+def timeline_svg(run, device, svg_id):
+    """The SVG timeline of one device of one run, and the data the hover script reads."""
+    series = {name: device.series(field) for name, field in SERIES}
+    cap = device.series("cap_bytes")
+    ooms = sorted(device.ooms, key=lambda o: o["t"])
+    times = [t for pts in list(series.values()) + [cap] for t, _ in pts] + [o["t"] for o in ooms]
+    t0 = min([0.0] + times)
+    t1 = max([t0 + 1e-3] + times + [run.t_max or 0])
+    data_top = max([v for pts in series.values() for _, v in pts] + [0])
+    cap_top = max([v for _, v in cap] + [0])
+    cap_on_scale = bool(cap) and (data_top == 0 or cap_top <= 4 * data_top)
+    ticks, y_top, unit = _byte_ticks(max(data_top, cap_top if cap_on_scale else 0) * 1.04)
+    pw, ph = W - ML - MR, H - MT - MB
+
+    def x(t):
+        return ML + (t - t0) / (t1 - t0) * pw
+
+    def y(v):
+        return MT + ph - min(v, y_top) / y_top * ph
+
+    out = [f'<svg class="timeline" id="{esc(svg_id)}" data-pid="{run.pid}" data-device="{device.device}" '
+           f'viewBox="0 0 {W} {H}" preserveAspectRatio="xMidYMid meet" role="img" '
+           f'aria-label="device {device.device}: reserved, used and requested bytes over time">']
+    # grid and axes
+    out.append('<g class="grid">')
+    for v in ticks:
+        out.append(f'<line x1="{ML}" x2="{W - MR}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>')
+    out.append('</g><g class="axis y">')
+    for v in ticks:
+        out.append(f'<text x="{ML - 8}" y="{y(v) + 4:.1f}" text-anchor="end">{esc(_tick_label(v, unit))}</text>')
+    out.append('</g><g class="axis x">')
+    for t in _time_ticks(t0, t1):
+        out.append(f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{MT + ph}" y2="{MT + ph + 5}"/>'
+                   f'<text x="{x(t):.1f}" y="{MT + ph + 20}" text-anchor="middle">{esc(_seconds_label(t))}</text>')
+    out.append(f'<line class="baseline" x1="{ML}" x2="{W - MR}" y1="{MT + ph}" y2="{MT + ph}"/>')
+    out.append('</g>')
+    # the area under reserved, then the lines
+    res = series["reserved"]
+    if len(res) > 1:
+        poly = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in res)
+        out.append(f'<polygon class="area reserved" points="{x(res[0][0]):.1f},{y(0):.1f} {poly} '
+                   f'{x(res[-1][0]):.1f},{y(0):.1f}"/>')
+    for name, _ in SERIES:
+        pts = series[name]
+        if not pts:
+            continue
+        points = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in pts)
+        out.append(f'<polyline class="series {name}" data-series="{name}" points="{points}"/>')
+        if len(pts) == 1:
+            out.append(f'<circle class="dot {name}" cx="{x(pts[0][0]):.1f}" cy="{y(pts[0][1]):.1f}" r="3.5"/>')
+    if cap and cap_on_scale:
+        points = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in cap)
+        out.append(f'<polyline class="series cap" data-series="cap" points="{points}"/>')
+        out.append(f'<text class="cap-label" x="{W - MR - 4}" y="{y(cap[-1][1]) - 6:.1f}" text-anchor="end">'
+                   f'cap {esc(fmt_bytes(cap[-1][1]))}</text>')
+    elif cap:
+        # Far above the data: drawn along the top edge, labelled with its value.
+        points = " ".join(f"{x(t):.1f},{MT:.1f}" for t, _ in cap)
+        out.append(f'<polyline class="series cap off-scale" data-series="cap" points="{points}"/>')
+        out.append(f'<text class="cap-label" x="{W - MR - 4}" y="{MT + 14}" text-anchor="end">'
+                   f'cap {esc(fmt_bytes(cap[-1][1]))} (off scale)</text>')
+    for o in ooms:
+        verdict = o.get("verdict") or "unknown"
+        xo = x(o["t"])
+        title = (f"OOM at {o['t']:.3f} s: {fmt_bytes_or_none(o.get('request_bytes'))} requested "
+                 f"({o.get('api') or '?'}), verdict {verdict}" + (f"\n{o['hint']}" if o.get("hint") else ""))
+        if "site" in o:
+            title += "\nat " + fmt.site_text(o.get("site"), callers=2)
+        out.append(f'<g class="oom-marker" data-verdict="{esc(verdict)}" data-t="{o["t"]}">'
+                   f'<title>{esc(title)}</title>'
+                   f'<line x1="{xo:.1f}" x2="{xo:.1f}" y1="{MT}" y2="{MT + ph}"/>'
+                   f'<path d="M{xo - 7:.1f},{MT - 2} L{xo + 7:.1f},{MT - 2} L{xo:.1f},{MT + 10} Z"/>'
+                   f'</g>')
+    out.append(f'<line class="cursor" x1="0" x2="0" y1="{MT}" y2="{MT + ph}" visibility="hidden"/>')
+    out.append('</svg>')
+    rows = device.samples if device.samples else ([device.exit_row] if device.exit_row else [])
+    data = {"plot": [ML, W - MR, t0, t1],
+            "t": [r["t"] for r in rows],
+            "reserved": [r.get("reserved_bytes") for r in rows],
+            "used": [r.get("used_bytes") for r in rows],
+            "requested": [r.get("requested_bytes") for r in rows],
+            "cap": [r.get("cap_bytes") for r in rows],
+            "slack": [r.get("pool_slack") for r in rows]}
+    return "".join(out), data
+
+
+# ---- tables ---------------------------------------------------------------------------------
+
+
+def _table(cls, header, rows, numeric=()):
+    """`rows` are lists of HTML (already escaped) cells; `numeric` are column indexes set right."""
+    out = [f'<table class="{cls}"><thead><tr>']
+    for i, h in enumerate(header):
+        out.append(f'<th{" class=num" if i in numeric else ""}>{esc(h)}</th>')
+    out.append('</tr></thead><tbody>')
+    for row in rows:
+        out.append("<tr>" + "".join(f'<td{" class=num" if i in numeric else ""}>{c}</td>'
+                                    for i, c in enumerate(row)) + "</tr>")
+    out.append('</tbody></table>')
+    return "".join(out)
+
+
+def site_html(site, callers=1):
+    """A call site: its top frame (and caller) on one line; the whole stack in a <details>."""
+    if site is None:
+        return '<span class="muted">not recorded</span>'
+    if not site:
+        return '<span class="muted">no frames</span>'
+    short = esc(fmt.site_text(site, callers=callers))
+    items = []
+    for f in site:
+        f = f if isinstance(f, dict) else {}
+        where = f.get("module") or "?"
+        if f.get("offset") is not None:
+            where += f" +0x{int(f['offset']):x}"
+        items.append(f'<li><code>{esc(fmt.frame_text(f, short=False))}</code>'
+                     f'<span class="module">{esc(where)}</span></li>')
+    frames = "".join(items)
+    return (f'<details class="site"><summary><code>{short}</code></summary>'
+            f'<ol class="stack">{frames}</ol></details>')
+
+
+def _verdict(v):
+    v = v or "unknown"
+    return f'<span class="verdict {esc(v)}">{esc(v)}</span>'
+
+
+def figures_table(device):
+    def triple(field):
+        last, high, mean = device.share(field)
+        return [esc(fmt_pct(last)), esc(fmt_pct(high)), esc(fmt_pct(mean))]
+
+    rows = [
+        ["peak", esc(fmt_bytes_or_none(device.peak("reserved_bytes"))), esc(fmt_bytes_or_none(device.peak("used_bytes"))),
+         esc(fmt_bytes_or_none(device.peak("requested_bytes")))],
+        ["final", esc(fmt_bytes_or_none(device.last("reserved_bytes"))), esc(fmt_bytes_or_none(device.last("used_bytes"))),
+         esc(fmt_bytes_or_none(device.last("requested_bytes")))],
+    ]
+    out = [_table("figures bytes", ["", "reserved", "used", "requested"], rows, numeric=(1, 2, 3))]
+    out.append(_table("figures shares", ["", "last", "max", "mean"],
+                      [["pool slack"] + triple("pool_slack"), ["rounding waste"] + triple("rounding_waste")],
+                      numeric=(1, 2, 3)))
+    counts = [("pooled", "allocs"), ("async", "async_allocs"), ("passed through", "passthrough_allocs"),
+              ("fallback", "fallback_allocs"), ("failed", "failed_allocs"), ("frees", "frees")]
+    out.append(_table("figures counts", ["allocations", ""],
+                      [[esc(label), esc(fmt_count(device.counter(field)))] for label, field in counts],
+                      numeric=(1,)))
+    return "".join(out)
+
+
+# ---- sections -------------------------------------------------------------------------------
+
+
+def _legend(device):
+    items = [("reserved", "reserved"), ("used", "used"), ("requested", "requested")]
+    if device.cap is not None:
+        items.append(("cap", "cap"))
+    parts = [f'<span class="key {k}"><i></i>{esc(label)}</span>' for k, label in items]
+    for v in sorted({o.get("verdict") or "unknown" for o in device.ooms}):
+        parts.append(f'<span class="key oom {esc(v)}"><b></b>OOM: {esc(v)}</span>')
+    return '<div class="legend">' + "".join(parts) + "</div>"
+
+
+def run_section(run, data):
+    out = [f'<section class="process" id="{esc(run.anchor)}" data-pid="{run.pid}">']
+    out.append(f'<h2>{esc(run.label)}'
+               + (f' <span class="tag">{esc("poolshim " + run.version)}</span>' if run.version else "")
+               + ("" if run.exit is not None else ' <span class="tag bad">no exit record</span>')
+               + '</h2>')
+    meta = [("command", f"<code>{esc(run.command or '(no start record)')}</code>"),
+            ("log", f"<code>{esc(run.path)}</code>")]
+    when = fmt_unix(run.start_unix_s)
+    meta.append(("ran", esc(fmt_duration(run.duration) + (f" from {when}" if when else "")
+                            + f", {len(run.samples)} samples")))
+    meta.append(("ended", esc(run.ending)))
+    if run.config_changes:
+        meta.append(("options", ", ".join(f"<code>{esc(k)}={esc(v)}</code> <span class=muted>({esc(s)})</span>"
+                                          for k, v, s in run.config_changes)))
+    ex = run.exit or {}
+    if ex.get("events_dropped"):
+        meta.append(("events dropped", f'<span class="bad">{esc(fmt_count(ex["events_dropped"]))} '
+                                       '(the log is incomplete)</span>'))
+    for note in run.notes:
+        meta.append(("note", esc(note)))
+    if ex.get("paths"):
+        meta.append(("ways in", esc(", ".join(f"{k} {v}" for k, v in ex["paths"].items()))))
+    out.append('<dl class="meta">' + "".join(f"<dt>{esc(k)}</dt><dd>{v}</dd>" for k, v in meta) + "</dl>")
+
+    if not run.devices:
+        out.append('<p class="muted">No device memory was pooled.</p>')
+    for d in run.devices.values():
+        svg_id = f"tl-{run.index}-{d.device}"
+        svg, series = timeline_svg(run, d, svg_id)
+        data[svg_id] = series
+        title = f"device {d.device}" + (f" · {d.name}" if d.name else "") + \
+            (f" · {fmt_bytes(d.total_bytes)}" if d.total_bytes else "")
+        cap = f' <span class="tag">cap {esc(fmt_bytes(d.cap))}</span>' if d.cap is not None else ""
+        out.append(f'<div class="device" data-device="{d.device}"><h3>{esc(title)}{cap}</h3>'
+                   f'<div class="device-body"><div class="chart">{_legend(d)}{svg}'
+                   f'<div class="readout" hidden></div></div>'
+                   f'<div class="side">{figures_table(d)}</div></div></div>')
+
+    ooms = run.ooms_sorted
+    if ooms:
+        out.append(f'<h3>Out-of-memory errors <span class="count">{len(ooms)}</span></h3>')
+        rows = []
+        for o in ooms:
+            state = (f"reserved {fmt_bytes_or_none(o.get('reserved_bytes'))}, used {fmt_bytes_or_none(o.get('used_bytes'))}, "
+                     f"unused {fmt_bytes_or_none(o.get('pool_unused_bytes'))}"
+                     + (f", cap {fmt_bytes(o['cap_bytes'])}" if o.get("cap_bytes") is not None else "")
+                     + f"; device free {fmt_bytes_or_none(o.get('device_free'))}")
+            holders = ""
+            if o.get("by_site"):
+                holders = '<div class="holders"><span class="muted">live memory by call site:</span><ul>' + "".join(
+                    f'<li><span class="amount">{esc(fmt_bytes_or_none(s.get("bytes")))} in {esc(fmt_count(s.get("count")))}</span>'
+                    f'{site_html(s.get("site"), callers=0)}</li>' for s in o["by_site"][:5]) + "</ul></div>"
+            rows.append([f'{esc(fmt_seconds(o["t"]))}', esc(o["device"]), esc(fmt_bytes_or_none(o.get("request_bytes"))),
+                         esc(o.get("api") or ""), _verdict(o.get("verdict")),
+                         f'<div>{esc(o.get("hint") or "")}</div><div class="muted small">{esc(state)}</div>',
+                         (site_html(o.get("site"), callers=1) if "site" in o else '<span class="muted">-</span>')
+                         + holders])
+        out.append(_table("ooms", ["t", "device", "request", "API", "verdict", "hint", "call site"], rows,
+                          numeric=(0, 1, 2)))
+
+    leaks = run.leaks
+    if leaks is not None:
+        out.append(f'<h3>Leaks at exit <span class="count">{esc(fmt_count(leaks["count"]))} · '
+                   f'{esc(fmt_bytes(leaks["bytes"]))}</span></h3>')
+        if leaks["by_site"]:
+            rows = [[esc(fmt_bytes_or_none(s.get("bytes"))), esc(fmt_count(s.get("count"))), site_html(s.get("site"))]
+                    for s in leaks["by_site"]]
+            out.append(_table("leaks", ["bytes", "allocations", "call site"], rows, numeric=(0, 1)))
+        elif leaks["count"]:
+            rows = [[esc(fmt_bytes_or_none(b.get("bytes"))), esc(b.get("device", "?")), esc(fmt_seconds(b.get("age_s"))),
+                     "yes" if b.get("async") else "no"] for b in leaks["largest"]]
+            out.append('<p class="muted small">Call sites were not recorded: the largest leaked allocations.</p>')
+            out.append(_table("leaks largest", ["bytes", "device", "age", "async"], rows, numeric=(0, 1, 2)))
+        else:
+            out.append('<p class="muted">None: every pooled allocation was freed.</p>')
+
+    if run.warnings:
+        out.append(f'<h3>Warnings <span class="count">{len(run.warnings)}</span></h3>')
+        out.append(_table("warnings", ["t", "message"],
+                          [[esc(fmt_seconds(w["t"])), esc(w.get("message") or "")] for w in run.warnings],
+                          numeric=(0,)))
+    out.append('</section>')
+    return "".join(out)
+
+
+def overview(report):
+    rows = []
+    for run in report.runs:
+        peak = max([d.peak("reserved_bytes") or 0 for d in run.devices.values()] + [0])
+        leaks = run.leaks
+        counts = {}
+        for o in run.ooms:
+            counts[o.get("verdict") or "unknown"] = counts.get(o.get("verdict") or "unknown", 0) + 1
+        rows.append([
+            f'<a href="#{esc(run.anchor)}">{run.pid}</a>', esc(run.rank if run.rank is not None else NONE),
+            esc(run.host or NONE), f'<code class="cmd">{esc(fmt.shorten_middle(run.command or "?", 70))}</code>',
+            esc(", ".join(str(d) for d in run.devices) or NONE), esc(fmt_bytes(peak)),
+            esc(fmt_count(run.total("allocs"))),
+            (f'<span class="bad">{len(run.ooms)}</span> <span class="muted small">{esc(verdict_counts_text(counts))}</span>'
+             if run.ooms else "0"),
+            esc(NONE if leaks is None else f'{fmt_count(leaks["count"])} · {fmt_bytes(leaks["bytes"])}'),
+            esc(len(run.warnings)), esc(fmt_duration(run.duration)),
+            "exit" if run.exit is not None else '<span class="bad">no exit record</span>',
+        ])
+    return _table("processes", ["pid", "rank", "host", "command", "devices", "peak reserved", "pooled", "OOMs",
+                                "leaks", "warnings", "ran", "end"], rows, numeric=(0, 5, 6, 9, 10))
+
+
+def merged(report):
+    out = ['<section class="merged" id="merged"><h2>All processes</h2>']
+    rows = []
+    for run, d in report.device_rows():
+        rows.append([esc(d.device), esc(run.rank if run.rank is not None else NONE), esc(run.host or NONE),
+                     f'<a href="#{esc(run.anchor)}">{run.pid}</a>',
+                     esc(fmt_bytes_or_none(d.peak("reserved_bytes"))), esc(fmt_bytes_or_none(d.peak("used_bytes"))),
+                     esc(fmt_bytes_or_none(d.peak("requested_bytes"))), esc(fmt_bytes_or_none(d.last("reserved_bytes"))),
+                     esc(fmt_bytes_or_none(d.last("requested_bytes"))), esc(fmt_count(d.counter("allocs"))),
+                     esc(len(d.ooms))])
+    out.append('<h3>Devices across processes</h3>')
+    out.append(_table("merged-devices", ["device", "rank", "host", "pid", "peak reserved", "peak used",
+                                         "peak requested", "final reserved", "live at end", "pooled", "OOMs"],
+                      rows, numeric=(0, 3, 4, 5, 6, 7, 8, 9, 10)))
+    sites = report.leak_sites()
+    if sites:
+        out.append('<h3>Leaks by call site, all processes</h3>')
+        out.append(_table("merged-leaks", ["bytes", "allocations", "processes", "call site"],
+                          [[esc(fmt_bytes(s["bytes"])), esc(fmt_count(s["count"])),
+                            ", ".join(f'<a href="#{esc(r.anchor)}">{r.pid}</a>' for r in s["runs"]),
+                            site_html(s["site"])] for s in sites], numeric=(0, 1)))
+    oom_sites = report.oom_sites()
+    if oom_sites:
+        out.append('<h3>Out-of-memory errors by failing call site, all processes</h3>')
+        out.append(_table("merged-ooms", ["OOMs", "requested", "processes", "call site"],
+                          [[esc(s["count"]), esc(fmt_bytes(s["bytes"])),
+                            ", ".join(f'<a href="#{esc(r.anchor)}">{r.pid}</a>' for r in s["runs"]),
+                            site_html(s["site"])] for s in oom_sites], numeric=(0, 1)))
+    out.append('</section>')
+    return "".join(out)
+
+
+def _json_for_script(obj):
+    text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def render(report):
+    data = {}
+    sections = "".join(run_section(run, data) for run in report.runs)
+    ooms = report.oom_counts()
+    total_ooms = sum(ooms.values())
+    title = "poolshim report"
+    if len(report.runs) == 1:
+        title += f": {report.runs[0].program or 'pid ' + str(report.runs[0].pid)}"
+    generated = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    summary = (f"{len(report.runs)} process{'es' if len(report.runs) != 1 else ''} from {len(report.paths)} "
+               f"log{'s' if len(report.paths) != 1 else ''} · {total_ooms} out-of-memory error"
+               f"{'s' if total_ooms != 1 else ''}" + (f" ({verdict_counts_text(ooms)})" if ooms else "")
+               + f" · generated {generated}")
+    return "".join([
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+        "style-src 'unsafe-inline'; script-src 'unsafe-inline'\">",
+        f"<title>{esc(title)}</title><style>{CSS}</style></head><body>",
+        f'<header><h1>{esc(title)}</h1><p class="muted">{esc(summary)}</p></header>',
+        '<section class="overview"><h2>Processes</h2>', overview(report), "</section>",
+        merged(report) if report.several else "",
+        sections,
+        f'<script type="application/json" id="timeline-data">{_json_for_script(data)}</script>',
+        f"<script>{SCRIPT}</script>",
+        "</body></html>\n",
+    ])
+
+
+CSS = """
+:root { --reserved: #2563eb; --used: #d97706; --requested: #059669; --cap: #111827;
+  --exhausted: #dc2626; --capv: #7c3aed; --fragmentation: #db2777; --ink: #1f2937; --muted: #6b7280;
+  --line: #e5e7eb; --bg: #f6f7f9; }
+* { box-sizing: border-box; }
+body { margin: 0; padding: 24px 32px 48px; background: var(--bg); color: var(--ink);
+  font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
+header, section { max-width: 1400px; margin: 0 auto 20px; }
+h1 { font-size: 22px; margin: 0 0 2px; }
+h2 { font-size: 17px; margin: 0 0 12px; }
+h3 { font-size: 14px; margin: 18px 0 8px; }
+section { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 16px 20px; }
+code { font: 12.5px/1.4 ui-monospace, "SFMono-Regular", Menlo, Consolas, "DejaVu Sans Mono", monospace; }
+a { color: var(--reserved); text-decoration: none; } a:hover { text-decoration: underline; }
+.muted { color: var(--muted); } .small { font-size: 12px; } .bad { color: var(--exhausted); font-weight: 600; }
+.tag { display: inline-block; font-size: 11.5px; font-weight: 500; padding: 1px 8px; border-radius: 10px;
+  background: #eef2ff; color: #3730a3; vertical-align: 2px; margin-left: 6px; }
+.tag.bad { background: #fee2e2; color: #991b1b; }
+.count { color: var(--muted); font-weight: 400; margin-left: 4px; }
+dl.meta { display: grid; grid-template-columns: max-content 1fr; gap: 3px 16px; margin: 0 0 8px; }
+dl.meta dt { color: var(--muted); } dl.meta dd { margin: 0; overflow-wrap: anywhere; }
+table { border-collapse: collapse; width: 100%; font-variant-numeric: tabular-nums; }
+th, td { text-align: left; padding: 5px 10px; border-bottom: 1px solid var(--line); vertical-align: top; }
+th { font-weight: 600; color: var(--muted); font-size: 12px; text-transform: uppercase; letter-spacing: .03em; }
+td.num, th.num { text-align: right; white-space: nowrap; }
+tbody tr:nth-child(even) { background: #fafbfc; }
+.device { border-top: 1px solid var(--line); margin-top: 14px; padding-top: 4px; }
+.device-body { display: grid; grid-template-columns: minmax(0, 1fr) 330px; gap: 20px; align-items: start; }
+@media (max-width: 1000px) { .device-body { grid-template-columns: 1fr; } }
+.chart { position: relative; }
+.side table { margin-bottom: 10px; font-size: 13px; } .side th, .side td { padding: 3px 8px; }
+.legend { display: flex; flex-wrap: wrap; gap: 14px; font-size: 12.5px; color: var(--muted); margin: 2px 0 4px; }
+.legend .key i { display: inline-block; width: 18px; height: 3px; vertical-align: middle; margin-right: 6px;
+  border-radius: 2px; }
+.legend .reserved i { background: var(--reserved); } .legend .used i { background: var(--used); opacity: .55; height: 5px; }
+.legend .requested i { background: var(--requested); }
+.legend .cap i { background: repeating-linear-gradient(90deg, var(--cap) 0 5px, transparent 5px 9px); }
+.legend .oom b { display: inline-block; width: 0; height: 0; border-left: 6px solid transparent;
+  border-right: 6px solid transparent; border-top: 9px solid var(--exhausted); margin-right: 6px; vertical-align: middle; }
+.legend .oom.cap b { border-top-color: var(--capv); } .legend .oom.fragmentation b { border-top-color: var(--fragmentation); }
+svg.timeline { width: 100%; height: auto; display: block; font-size: 12px; overflow: visible; }
+svg.timeline .grid line { stroke: #eef0f3; } svg.timeline .baseline { stroke: #9ca3af; }
+svg.timeline .axis text { fill: var(--muted); } svg.timeline .axis line { stroke: #9ca3af; }
+svg.timeline .series { fill: none; stroke-width: 2; stroke-linejoin: round; stroke-linecap: round; }
+svg.timeline .series.reserved { stroke: var(--reserved); } svg.timeline .area.reserved { fill: var(--reserved); opacity: .08; }
+svg.timeline .series.used { stroke: var(--used); stroke-width: 5; opacity: .45; }
+svg.timeline .series.requested { stroke: var(--requested); stroke-width: 1.6; }
+svg.timeline .series.cap { stroke: var(--cap); stroke-width: 1.5; stroke-dasharray: 6 4; }
+svg.timeline .cap-label { fill: var(--cap); font-size: 11.5px; }
+svg.timeline .dot.reserved { fill: var(--reserved); } svg.timeline .dot.used { fill: var(--used); }
+svg.timeline .dot.requested { fill: var(--requested); }
+svg.timeline .oom-marker line { stroke: var(--exhausted); stroke-width: 1.2; stroke-dasharray: 3 3; }
+svg.timeline .oom-marker path { fill: var(--exhausted); }
+svg.timeline .oom-marker[data-verdict="cap"] line { stroke: var(--capv); } svg.timeline .oom-marker[data-verdict="cap"] path { fill: var(--capv); }
+svg.timeline .oom-marker[data-verdict="fragmentation"] line { stroke: var(--fragmentation); }
+svg.timeline .oom-marker[data-verdict="fragmentation"] path { fill: var(--fragmentation); }
+svg.timeline .cursor { stroke: #374151; stroke-width: 1; }
+.readout { position: absolute; pointer-events: none; background: rgba(17, 24, 39, .92); color: #fff; font-size: 12px;
+  padding: 6px 9px; border-radius: 6px; white-space: nowrap; line-height: 1.5; }
+.readout i { display: inline-block; width: 8px; height: 8px; border-radius: 2px; margin-right: 6px; }
+.verdict { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px; font-weight: 600; color: #fff;
+  background: var(--exhausted); }
+.verdict.cap { background: var(--capv); } .verdict.fragmentation { background: var(--fragmentation); }
+.verdict.unknown { background: var(--muted); }
+details.site summary { cursor: pointer; } details.site summary code { overflow-wrap: anywhere; }
+ol.stack { margin: 4px 0 4px; padding-left: 22px; font-size: 12px; }
+ol.stack li { margin: 2px 0; } ol.stack code { overflow-wrap: anywhere; }
+ol.stack .module { display: block; color: var(--muted); font-size: 11.5px; overflow-wrap: anywhere; }
+.holders { margin-top: 8px; font-size: 12.5px; } .holders ul { margin: 2px 0 0; padding: 0; list-style: none; }
+.holders li { display: grid; grid-template-columns: 110px minmax(0, 1fr); gap: 8px; margin: 1px 0; }
+.holders .amount { text-align: right; color: var(--muted); white-space: nowrap; }
+table.ooms { table-layout: fixed; }
+table.ooms th:nth-child(1) { width: 72px; } table.ooms th:nth-child(2) { width: 64px; }
+table.ooms th:nth-child(3) { width: 78px; } table.ooms th:nth-child(4) { width: 128px; }
+table.ooms th:nth-child(5) { width: 118px; } table.ooms th:nth-child(6) { width: 34%; }
+table.leaks th:nth-child(1), table.leaks th:nth-child(2) { width: 110px; }
+table.warnings th:nth-child(1) { width: 90px; }
+table.merged-leaks th:nth-child(-n+3), table.merged-ooms th:nth-child(-n+3) { width: 110px; }
+code.cmd { overflow-wrap: anywhere; }
+"""
+
+SCRIPT = r"""
+(function () {
+  var data = JSON.parse(document.getElementById('timeline-data').textContent);
+  function bytes(n) {
+    if (n === null || n === undefined) return '-';
+    var u = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'], v = n, i = 0;
+    while (v >= 1024 && i < u.length - 1) { v /= 1024; i++; }
+    return i === 0 ? n + ' B' : v.toFixed(1) + ' ' + u[i];
+  }
+  var colors = {reserved: 'var(--reserved)', used: 'var(--used)', requested: 'var(--requested)', cap: 'var(--cap)'};
+  Array.prototype.forEach.call(document.querySelectorAll('svg.timeline'), function (svg) {
+    var d = data[svg.id];
+    if (!d || !d.t.length) return;
+    var cursor = svg.querySelector('.cursor');
+    var box = svg.parentNode.querySelector('.readout');
+    var x0 = d.plot[0], x1 = d.plot[1], t0 = d.plot[2], t1 = d.plot[3];
+    function xOf(t) { return x0 + (t - t0) / (t1 - t0) * (x1 - x0); }
+    svg.addEventListener('mousemove', function (ev) {
+      var m = svg.getScreenCTM();
+      if (!m) return;
+      var p = svg.createSVGPoint(); p.x = ev.clientX; p.y = ev.clientY;
+      var q = p.matrixTransform(m.inverse());
+      var t = t0 + (q.x - x0) / (x1 - x0) * (t1 - t0), best = 0;
+      for (var i = 1; i < d.t.length; i++) if (Math.abs(d.t[i] - t) < Math.abs(d.t[best] - t)) best = i;
+      var x = xOf(d.t[best]);
+      cursor.setAttribute('x1', x); cursor.setAttribute('x2', x); cursor.setAttribute('visibility', 'visible');
+      var html = '<b>t = ' + d.t[best].toFixed(3) + ' s</b>';
+      ['reserved', 'used', 'requested', 'cap'].forEach(function (k) {
+        if (d[k][best] !== null && d[k][best] !== undefined)
+          html += '<br><i style="background:' + colors[k] + '"></i>' + k + ' ' + bytes(d[k][best]);
+      });
+      if (d.slack[best] !== null && d.slack[best] !== undefined)
+        html += '<br>pool slack ' + (100 * d.slack[best]).toFixed(1) + '%';
+      box.innerHTML = html; box.hidden = false;
+      var r = svg.getBoundingClientRect(), px = (x / svg.viewBox.baseVal.width) * r.width;
+      box.style.top = '34px';
+      box.style.left = (px > r.width / 2 ? px - box.offsetWidth - 12 : px + 12) + 'px';
+    });
+    svg.addEventListener('mouseleave', function () {
+      cursor.setAttribute('visibility', 'hidden'); box.hidden = true;
+    });
+    svg.setAttribute('data-interactive', '1');
+  });
+})();
+"""

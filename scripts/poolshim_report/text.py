@@ -1,0 +1,313 @@
+"""The terminal summary: one section per run, then a merged section when there are several.
+
+By default a section stays within about 40 lines (the longest lists are cut to their first
+entries, with a line saying how many more `--full` shows); `full=True` shows everything,
+whole call stacks included.
+"""
+
+import textwrap
+
+from .fmt import (NONE, fmt_bytes, fmt_bytes_or_none, fmt_count, fmt_duration, fmt_pct, fmt_seconds, fmt_unix,
+                  frame_text, shorten_middle, site_text)
+from .model import verdict_counts_text
+
+WIDTH = 120            # site lines are cut, hints wrapped, to this width unless --full
+DEVICES_PER_TABLE = 4  # device columns side by side
+SHORT_LIMITS = {"ooms": 3, "leak_sites": 3, "warnings": 3, "notes": 2, "merged_sites": 5}
+
+
+def table(rows, align, indent=2, gap=2):
+    """Lines of an aligned table; `align` is a string of "l"/"r", one per column."""
+    widths = [0] * len(align)
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = []
+    for row in rows:
+        cells = [cell.ljust(widths[i]) if align[i] == "l" else cell.rjust(widths[i]) for i, cell in enumerate(row)]
+        lines.append((" " * indent + (" " * gap).join(cells)).rstrip())
+    return lines
+
+
+def _cut(text, full, width=WIDTH):
+    return text if full else shorten_middle(text, width)
+
+
+def _more(lines, shown, total, what, indent):
+    if total > shown:
+        lines.append(" " * indent + f"... {total - shown} more {what} (--full shows all)")
+
+
+def _share_triple(device, field):
+    last, high, mean = device.share(field)
+    if last is None and high is None:
+        return NONE
+    return f"{fmt_pct(last)} / {fmt_pct(high)} / {fmt_pct(mean)}"
+
+
+def device_table(run, full):
+    """Rows of figures, one column per device."""
+    devices = list(run.devices.values())
+    lines = []
+    for first in range(0, len(devices), DEVICES_PER_TABLE):
+        chunk = devices[first:first + DEVICES_PER_TABLE]
+        rows = [[""] + [f"device {d.device}" for d in chunk]]
+
+        def row(label, fn):
+            rows.append([label] + [fn(d) for d in chunk])
+
+        if any(d.has_cap_field for d in devices):
+            row("cap", lambda d: fmt_bytes(d.cap) if d.cap is not None else "none")
+        row("peak reserved", lambda d: fmt_bytes_or_none(d.peak("reserved_bytes")))
+        row("peak used", lambda d: fmt_bytes_or_none(d.peak("used_bytes")))
+        row("peak requested", lambda d: fmt_bytes_or_none(d.peak("requested_bytes")))
+        row("final reserved", lambda d: fmt_bytes_or_none(d.last("reserved_bytes")))
+        row("final used", lambda d: fmt_bytes_or_none(d.last("used_bytes")))
+        row("final requested", lambda d: fmt_bytes_or_none(d.last("requested_bytes")))
+        if full:
+            row("live allocations at the end", lambda d: fmt_count(d.last("live_allocs")))
+            row("peak live allocations", lambda d: fmt_count(d.peak("live_allocs")))
+        row("pool slack (last/max/mean)", lambda d: _share_triple(d, "pool_slack"))
+        row("rounding waste (last/max/mean)", lambda d: _share_triple(d, "rounding_waste"))
+        row("allocations pooled", lambda d: fmt_count(d.counter("allocs")))
+        row("  async", lambda d: fmt_count(d.counter("async_allocs")))
+        row("  passed through", lambda d: fmt_count(d.counter("passthrough_allocs")))
+        row("  fallback (not pooled)", lambda d: fmt_count(d.counter("fallback_allocs")))
+        row("  failed", lambda d: fmt_count(d.counter("failed_allocs")))
+        if full:
+            row("frees pooled", lambda d: fmt_count(d.counter("frees")))
+            row("  async", lambda d: fmt_count(d.counter("async_frees")))
+            row("  ordered", lambda d: fmt_count(d.counter("ordered_frees")))
+            row("  passed through", lambda d: fmt_count(d.counter("passthrough_frees")))
+            row("application pool allocations", lambda d: fmt_count(d.counter("app_pool_allocs")))
+            row("OOM retries (succeeded)", lambda d: f"{fmt_count(d.counter('oom_retries'))} "
+                                                    f"({fmt_count(d.counter('oom_retry_successes'))})")
+            row("idle trims (bytes)", lambda d: f"{fmt_count(d.counter('idle_trims'))} "
+                                               f"({fmt_bytes_or_none(d.counter('idle_trimmed_bytes'))})")
+            row("dropped by device reset", lambda d: fmt_count(d.counter("reset_dropped")))
+            row("samples", lambda d: fmt_count(len(d.samples)))
+        if lines:
+            lines.append("")
+        lines.extend(table(rows, "l" + "r" * len(chunk)))
+    return lines
+
+
+def _oom_lines(run, full):
+    lines = []
+    ooms = run.ooms_sorted
+    if not ooms:
+        return lines
+    counts = {}
+    for o in ooms:
+        counts[o.get("verdict") or "unknown"] = counts.get(o.get("verdict") or "unknown", 0) + 1
+    lines.append(f"  out of memory: {len(ooms)} ({verdict_counts_text(counts)})")
+    shown = ooms if full else ooms[:SHORT_LIMITS["ooms"]]
+    rows = []
+    details = []
+    for o in shown:
+        rows.append([f"t={o['t']:.3f} s", f"device {o['device']}", fmt_bytes_or_none(o.get("request_bytes")),
+                     o.get("api") or "", o.get("verdict") or "?"])
+    row_lines = table(rows, "rlrll", indent=4)
+    for o, row_line in zip(shown, row_lines):
+        details = [row_line]
+        if o.get("hint"):
+            wrapped = textwrap.wrap(o["hint"], WIDTH - 12) if not full else [o["hint"]]
+            details.append("      hint  " + wrapped[0])
+            details.extend("            " + w for w in wrapped[1:])
+        if "site" in o:
+            if full and o.get("site"):
+                details.append("      at    " + frame_text(o["site"][0], short=False))
+                details.extend("            " + frame_text(f, short=False) for f in o["site"][1:])
+            else:
+                details.append("      at    " + site_text(o.get("site"), callers=1, width=None if full else WIDTH - 12))
+        if full:
+            details.append(f"      pool  reserved {fmt_bytes_or_none(o.get('reserved_bytes'))}, used "
+                           f"{fmt_bytes_or_none(o.get('used_bytes'))}, unused {fmt_bytes_or_none(o.get('pool_unused_bytes'))}"
+                           f", cap {fmt_bytes(o['cap_bytes']) if o.get('cap_bytes') is not None else 'none'}; device free "
+                           f"{fmt_bytes_or_none(o.get('device_free'))} of {fmt_bytes_or_none(o.get('device_total'))}; "
+                           f"live {fmt_bytes_or_none(o.get('live_bytes'))} in {fmt_count(o.get('live_allocs'))}")
+            for entry in o.get("by_site") or []:
+                details.append(f"      live  {fmt_bytes_or_none(entry.get('bytes')):>10} in {fmt_count(entry.get('count')):>4} "
+                               f"at {site_text(entry.get('site'), callers=1)}")
+            for big in o.get("largest") or []:
+                details.append(f"      large {fmt_bytes_or_none(big.get('bytes')):>10}, age {fmt_seconds(big.get('age_s'))}"
+                               f"{', async' if big.get('async') else ''} at {site_text(big.get('site'), callers=1)}")
+            hist = o.get("size_histogram") or {}
+            if hist:
+                details.append("      sizes " + ", ".join(f">={fmt_bytes(int(k))}: {v}"
+                                                          for k, v in sorted(hist.items(), key=lambda kv: int(kv[0]))))
+        lines.extend(details)
+    _more(lines, len(shown), len(ooms), "out-of-memory errors", 4)
+    return lines
+
+
+def _leak_lines(run, full):
+    leaks = run.leaks
+    if leaks is None:
+        return []
+    if not leaks["count"]:
+        return ["  leaks at exit: none"]
+    lines = [f"  leaks at exit: {fmt_count(leaks['count'])} allocation{'s' if leaks['count'] != 1 else ''}, "
+             f"{fmt_bytes(leaks['bytes'])}"]
+    sites = leaks["by_site"] or []
+    if sites:
+        shown = sites if full else sites[:SHORT_LIMITS["leak_sites"]]
+        rows = [["bytes", "count", "call site"]]
+        rows += [[fmt_bytes_or_none(s.get("bytes")), fmt_count(s.get("count")),
+                  site_text(s.get("site"), callers=1, width=None if full else WIDTH - 20)] for s in shown]
+        lines.extend(table(rows, "rrl", indent=4))
+        _more(lines, len(shown), len(sites), "call sites", 4)
+    elif leaks["largest"]:
+        big = leaks["largest"][0]
+        lines.append(f"    largest {fmt_bytes_or_none(big.get('bytes'))} on device {big.get('device', '?')}, "
+                     f"age {fmt_duration(big.get('age_s'))}")
+    if full:
+        for big in leaks["largest"]:
+            lines.append(f"    large {fmt_bytes_or_none(big.get('bytes')):>10} on device {big.get('device', '?')}, "
+                         f"age {fmt_seconds(big.get('age_s'))}{', async' if big.get('async') else ''}"
+                         + (f" at {site_text(big.get('site'), callers=1)}" if 'site' in big else ""))
+        for s in sites:
+            if s.get("site"):
+                lines.append(f"    stack of the {fmt_bytes_or_none(s.get('bytes'))} site:")
+                lines.extend("      " + frame_text(f, short=False) for f in s["site"])
+    return lines
+
+
+def run_section(run, full=False):
+    lines = []
+    head = run.label
+    if run.version:
+        head += f", poolshim {run.version}"
+    lines.append(f"== {head}")
+    meta = []
+    meta.append(("command", _cut(run.command or "(no start record)", full)))
+    meta.append(("log", run.path))
+    when = fmt_unix(run.start_unix_s)
+    samples = len(run.samples)
+    meta.append(("ran", f"{fmt_duration(run.duration)}" + (f" from {when}" if when else "")
+                 + f", {samples} sample{'s' if samples != 1 else ''}"))
+    meta.append(("ended", run.ending))
+    changes = run.config_changes
+    if changes:
+        text = ", ".join(f"{k}={v}" + (f" ({s})" if full else "") for k, v, s in changes)
+        meta.append(("options", _cut(text, full)))
+    names = []
+    for d in run.devices.values():
+        desc = f"{d.device}: {d.name or '?'}"
+        if d.total_bytes:
+            desc += f", {fmt_bytes(d.total_bytes)}"
+        names.append(desc)
+    if names:
+        meta.append(("devices", _cut("; ".join(names), full)))
+    lines.extend(table([[k, v] for k, v in meta], "ll", indent=2))
+    lines.append("")
+    if run.devices:
+        lines.extend(device_table(run, full))
+    else:
+        lines.append("  no device memory was pooled")
+    ex = run.exit or {}
+    if ex.get("events_dropped"):
+        lines.append(f"  events dropped: {fmt_count(ex['events_dropped'])} (the log is incomplete)")
+    body = _oom_lines(run, full) + _leak_lines(run, full)
+    if run.warnings:
+        body.append(f"  warnings: {len(run.warnings)}")
+        shown = run.warnings if full else run.warnings[:SHORT_LIMITS["warnings"]]
+        for w in shown:
+            wrapped = textwrap.wrap(w.get("message") or "", WIDTH - 16) or [""]
+            body.append(f"    t={w['t']:.3f} s  " + wrapped[0])
+            body.extend(" " * (len(f"    t={w['t']:.3f} s  ")) + x for x in wrapped[1:])
+        _more(body, len(shown), len(run.warnings), "warnings", 4)
+    notes = run.notes
+    if notes:
+        shown = notes if full else notes[:SHORT_LIMITS["notes"]]
+        body.extend("  note: " + _cut(str(n), full) for n in shown)
+        _more(body, len(shown), len(notes), "notes", 2)
+    if full and ex.get("paths"):
+        body.append("  ways in: " + ", ".join(f"{k} {v}" for k, v in ex["paths"].items()))
+    if body:
+        lines.append("")
+        lines.extend(body)
+    return lines
+
+
+def merged_section(report, full=False):
+    runs = report.runs
+    lines = [f"== merged: {len(runs)} processes from {len(report.paths)} log{'s' if len(report.paths) != 1 else ''}"]
+    hosts = sorted({r.host for r in runs if r.host})
+    ranks = sorted({r.rank for r in runs if r.rank is not None}, key=lambda r: (not r.lstrip("-").isdigit(), int(r) if r.lstrip("-").isdigit() else 0, r))
+    ooms = report.oom_counts()
+    leak_count = sum((r.leaks or {}).get("count", 0) for r in runs)
+    leak_bytes = sum((r.leaks or {}).get("bytes", 0) for r in runs)
+    no_exit = sum(1 for r in runs if r.exit is None)
+    meta = [
+        ("hosts", ", ".join(hosts) or NONE),
+        ("ranks", ", ".join(ranks) or NONE),
+        ("allocations", f"{fmt_count(report.total('allocs'))} pooled ({fmt_count(report.total('async_allocs'))} async), "
+                        f"{fmt_count(report.total('passthrough_allocs'))} passed through, "
+                        f"{fmt_count(report.total('fallback_allocs'))} fallback, {fmt_count(report.total('failed_allocs'))} failed"),
+        ("out of memory", f"{sum(ooms.values())}" + (f" ({verdict_counts_text(ooms)})" if ooms else "")),
+        ("leaks at exit", f"{fmt_count(leak_count)} allocations, {fmt_bytes(leak_bytes)}"
+                          + (f"; {no_exit} process{'es' if no_exit != 1 else ''} without an exit record" if no_exit else "")),
+        ("warnings", str(sum(len(r.warnings) for r in runs))),
+    ]
+    lines.extend(table([[k, v] for k, v in meta], "ll", indent=2))
+    lines.append("")
+    lines.append("  per device, across processes")
+    rows = [["device", "rank", "host", "pid", "peak reserved", "peak used", "peak requested", "final reserved",
+             "live at end", "pooled", "OOMs"]]
+    for run, d in report.device_rows():
+        rows.append([str(d.device), run.rank if run.rank is not None else NONE, run.host or NONE, str(run.pid),
+                     fmt_bytes_or_none(d.peak("reserved_bytes")), fmt_bytes_or_none(d.peak("used_bytes")),
+                     fmt_bytes_or_none(d.peak("requested_bytes")), fmt_bytes_or_none(d.last("reserved_bytes")),
+                     fmt_bytes_or_none(d.last("requested_bytes")), fmt_count(d.counter("allocs")), str(len(d.ooms))])
+    lines.extend(table(rows, "rllrrrrrrrr", indent=4))
+    rank_list = [r.rank for r in runs]
+    unique_ranks = None not in rank_list and len(set(rank_list)) == len(rank_list)
+    by_device = {}
+    for run, d in report.device_rows():
+        by_device.setdefault(d.device, []).append((run, d))
+    summary = [["device", "processes", "highest peak reserved", "lowest peak reserved", "sum of peaks", "OOMs"]]
+    for dev, entries in sorted(by_device.items()):
+        peaks = [(d.peak("reserved_bytes") or 0, run) for run, d in entries]
+        high = max(peaks, key=lambda p: p[0])
+        low = min(peaks, key=lambda p: p[0])
+        who = lambda run: f"rank {run.rank}" if unique_ranks else f"pid {run.pid}"  # noqa: E731
+        summary.append([str(dev), str(len(entries)), f"{fmt_bytes(high[0])} ({who(high[1])})",
+                        f"{fmt_bytes(low[0])} ({who(low[1])})", fmt_bytes(sum(p[0] for p in peaks)),
+                        str(sum(len(d.ooms) for _, d in entries))])
+    lines.append("")
+    lines.append("  per device ordinal, over its processes")
+    lines.extend(table(summary, "rrrrrr", indent=4))
+    sites = report.leak_sites()
+    if sites:
+        lines.append("")
+        lines.append("  leaks by call site, all processes")
+        shown = sites if full else sites[:SHORT_LIMITS["merged_sites"]]
+        rows = [["bytes", "count", "processes", "call site"]]
+        rows += [[fmt_bytes(s["bytes"]), fmt_count(s["count"]), str(len(s["runs"])),
+                  site_text(s["site"], callers=1, width=None if full else WIDTH - 36)] for s in shown]
+        lines.extend(table(rows, "rrrl", indent=4))
+        _more(lines, len(shown), len(sites), "call sites", 4)
+    oom_sites = report.oom_sites()
+    if oom_sites:
+        lines.append("")
+        lines.append("  out-of-memory errors by failing call site, all processes")
+        shown = oom_sites if full else oom_sites[:SHORT_LIMITS["merged_sites"]]
+        rows = [["OOMs", "requested", "processes", "call site"]]
+        rows += [[str(s["count"]), fmt_bytes(s["bytes"]), str(len(s["runs"])),
+                  site_text(s["site"], callers=1, width=None if full else WIDTH - 36)] for s in shown]
+        lines.extend(table(rows, "rrrl", indent=4))
+        _more(lines, len(shown), len(oom_sites), "call sites", 4)
+    return lines
+
+
+def summary(report, full=False):
+    out = []
+    for run in report.runs:
+        if out:
+            out.append("")
+        out.extend(run_section(run, full))
+    if report.several:
+        out.append("")
+        out.extend(merged_section(report, full))
+    return "\n".join(out) + "\n"
