@@ -19,6 +19,7 @@ struct Allocation {
   std::uintptr_t stream = 0;    // the stream of a cudaMallocAsync; 0 for cudaMalloc
   std::int32_t device = -1;
   std::uint32_t flags = 0;
+  std::uint32_t site = 0;  // call site id (POOLSHIM_BACKTRACE), 0 when not recorded
 
   static constexpr std::uint32_t kAsync = 1;
 };

@@ -6,6 +6,8 @@
 #include <cstdio>
 
 #include "clock.h"
+#include "json.h"
+#include "prometheus.h"
 #include "units.h"
 
 namespace poolshim {
@@ -66,7 +68,8 @@ void BackgroundWorker::begin() {
     if (!error.empty()) print_stderr("warning: " + error + "; running without a log");
   }
   if (log_.is_open()) router_.set_oom_record_wait(std::chrono::milliseconds(200));
-  write(start_record(t(now_ns()), info_, router_.config(), router_.describe_devices()));
+  devices_ = router_.describe_devices();
+  write(start_record(t(now_ns()), info_, router_.config(), devices_));
   for (const auto& w : startup_warnings_) write(warning_record(t(now_ns()), info_.pid, w));
   next_sample_ns_ = now_ns() + router_.config().sample_ms * 1000000ULL;
 }
@@ -80,21 +83,100 @@ void BackgroundWorker::write_events() {
       print_stderr("warning: " + e.text);
       write(warning_record(t(now_ns()), info_.pid, e.text));
     } else {
-      const OomReport& r = e.oom;
-      print_stderr(
-          "out of memory on device " + std::to_string(r.device) + ": " + format_bytes(r.request) +
-          " requested, " +
-          (r.device_info_valid
-               ? format_bytes(r.device_free) + " of " + format_bytes(r.device_total) + " free"
-               : std::string("device figures unknown")) +
-          ", pool held " + format_bytes(r.reserved > r.used ? r.reserved - r.used : 0) +
-          " unused (" + format_bytes(r.released_after) +
-          " given back before the real call); verdict: " + oom_verdict(r) + ". " + oom_hint(r));
-      write(oom_record(seconds_since_start(info_, r.t_ns), info_.pid, r));
+      write_oom(e.oom);
     }
     last_ticket = std::max(last_ticket, e.ticket);
   }
   if (last_ticket != 0) events_.mark_written(last_ticket);
+}
+
+std::string BackgroundWorker::site_json(std::uint32_t site) {
+  if (site == 0) return "null";
+  auto it = site_json_.find(site);
+  if (it != site_json_.end()) return it->second;
+  std::vector<std::string> frames;
+  for (std::uintptr_t address : router_.call_sites().frames(site)) {
+    const Frame f = symbolizer_.symbolize(address);
+    JsonObject fj;
+    fj.add("module", f.module).add("offset", static_cast<std::uint64_t>(f.offset));
+    if (f.function.empty()) {
+      fj.add_null("function").add_null("function_offset");
+    } else {
+      fj.add("function", f.function).add("function_offset", f.function_offset);
+    }
+    frames.push_back(fj.str());
+  }
+  const std::string json = frames.empty() ? "null" : json_array(frames);
+  site_json_.emplace(site, json);
+  return json;
+}
+
+namespace {
+
+// Frames of the CUDA runtime (shared, or linked into the program statically) are not the
+// application's call site: the report names the first frame past them.
+bool cuda_runtime_frame(const Frame& f) {
+  const auto slash = f.module.rfind('/');
+  const std::string base = slash == std::string::npos ? f.module : f.module.substr(slash + 1);
+  if (base.rfind("libcudart", 0) == 0 || base.rfind("libcuda.so", 0) == 0) return true;
+  for (const char* prefix : {"cudart::", "__cudart", "cuda", "__cuda"}) {
+    if (f.function.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string BackgroundWorker::site_text(std::uint32_t site) {
+  if (site == 0) return "";
+  std::string fallback;
+  for (std::uintptr_t address : router_.call_sites().frames(site)) {
+    const Frame f = symbolizer_.symbolize(address);
+    if (f.function.empty() && f.module.empty()) continue;
+    if (!cuda_runtime_frame(f)) return describe_frame(f);
+    if (fallback.empty()) fallback = describe_frame(f);
+  }
+  return fallback;
+}
+
+void BackgroundWorker::write_oom(const OomReport& r) {
+  // One record per distinct situation: a program retrying the same allocation in a loop must
+  // not fill the log (the counters still count every one).
+  const std::string key = std::to_string(r.device) + "/" + oom_verdict(r) + "/" +
+                          std::to_string(r.site) + "/" +
+                          std::to_string(histogram_bucket(r.request | 1));
+  if (!reported_ooms_.insert(key).second) {
+    ++oom_repeats_;
+    return;
+  }
+  OomDetails details;
+  std::vector<LiveAllocation> live;
+  for (const auto& l : router_.live_allocations()) {
+    if (l.info.device == r.device) live.push_back(l);
+  }
+  details.largest = largest(live, 10);
+  details.by_site = group_by_site(live, 10);
+  details.histogram = router_.snapshot(r.device).stats.histogram;
+  details.now_ns = coarse_now_ns();
+  for (const auto& d : devices_) {
+    if (d.ordinal == r.device) details.device_name = d.name;
+  }
+  const SiteText text = [this](std::uint32_t s) { return site_text(s); };
+  const SiteJson json = [this](std::uint32_t s) { return site_json(s); };
+  std::string block = oom_text(r, details, text);
+  if (!block.empty() && block.back() == '\n') block.pop_back();
+  print_stderr(block);
+  write(oom_record(seconds_since_start(info_, r.t_ns), info_.pid, r, details, json));
+}
+
+void BackgroundWorker::write_prometheus(const std::vector<DeviceSnapshot>& snaps) {
+  if (info_.prom_path.empty()) return;
+  const std::string error = write_file_atomically(info_.prom_path, prometheus_text(snaps, info_));
+  if (!error.empty() && !prom_warned_) {
+    prom_warned_ = true;
+    print_stderr("warning: POOLSHIM_PROM_FILE: " + error);
+    write(warning_record(t(now_ns()), info_.pid, "POOLSHIM_PROM_FILE: " + error));
+  }
 }
 
 void BackgroundWorker::trim_if_idle(const DeviceSnapshot& snap, std::uint64_t now) {
@@ -125,11 +207,13 @@ void BackgroundWorker::tick(std::uint64_t now) {
   write_events();
   const Config& config = router_.config();
   const bool sample_due = config.sample_ms > 0 && now >= next_sample_ns_;
+  std::vector<DeviceSnapshot> snaps;
   for (int device : router_.active_devices()) {
-    const DeviceSnapshot snap = router_.snapshot(device);
-    if (sample_due) write(sample_record(t(now), info_.pid, snap));
-    trim_if_idle(snap, now);
+    snaps.push_back(router_.snapshot(device));
+    if (sample_due) write(sample_record(t(now), info_.pid, snaps.back()));
+    trim_if_idle(snaps.back(), now);
   }
+  if (sample_due) write_prometheus(snaps);
   if (sample_due) {
     next_sample_ns_ += config.sample_ms * 1000000ULL;
     if (next_sample_ns_ <= now) next_sample_ns_ = now + config.sample_ms * 1000000ULL;
@@ -144,11 +228,14 @@ void BackgroundWorker::end(const ExitExtras& extras) {
     summary.devices.push_back(router_.snapshot(device));
     write(sample_record(t(now), info_.pid, summary.devices.back()));
   }
+  write_prometheus(summary.devices);
   summary.live = router_.live_allocations();
   summary.now_ns = coarse_now_ns();
   summary.events_dropped = events_.dropped();
   summary.extras = extras;
-  write(exit_record(t(now_ns()), info_.pid, summary));
+  summary.oom_repeats = oom_repeats_;
+  write(exit_record(t(now_ns()), info_.pid, summary,
+                    [this](std::uint32_t s) { return site_json(s); }));
   router_.set_oom_record_wait(std::chrono::milliseconds(0));
   log_.close();
 }

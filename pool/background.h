@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "log_file.h"
 #include "records.h"
 #include "router.h"
+#include "symbolize.h"
 
 namespace poolshim {
 
@@ -45,6 +47,10 @@ class BackgroundWorker {
   void write_events();
   void write(const std::string& record);
   void trim_if_idle(const DeviceSnapshot& snap, std::uint64_t now_ns);
+  void write_oom(const OomReport& report);
+  void write_prometheus(const std::vector<DeviceSnapshot>& snaps);
+  std::string site_json(std::uint32_t site);
+  std::string site_text(std::uint32_t site);
   double t(std::uint64_t mono_ns) const { return seconds_since_start(info_, mono_ns); }
 
   Router& router_;
@@ -65,6 +71,12 @@ class BackgroundWorker {
     bool exhausted = false;        // a trim released nothing: wait for new activity
   };
   std::map<int, Activity> activity_;
+  std::vector<DeviceDescription> devices_;
+  Symbolizer symbolizer_;
+  std::map<std::uint32_t, std::string> site_json_;  // rendered call sites, by id
+  std::set<std::string> reported_ooms_;
+  std::uint64_t oom_repeats_ = 0;
+  bool prom_warned_ = false;
 };
 
 }  // namespace poolshim

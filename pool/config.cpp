@@ -52,6 +52,8 @@ const char* kind_expectation(OptionKind kind) {
       return "a size (bytes with K/M/G/T, e.g. 512M, or a % of device memory)";
     case OptionKind::Choice:
       return "one of";
+    case OptionKind::Frames:
+      return "a number of frames from 0 to 32";
   }
   return "?";
 }
@@ -89,6 +91,16 @@ bool assign(std::uint64_t& field, std::string_view text, const OptionInfo&) {
   auto v = parse_milliseconds(text);
   if (v) field = *v;
   return v.has_value();
+}
+bool assign(int& field, std::string_view text, const OptionInfo&) {
+  const std::string s(trim(text));
+  if (s.empty() || s.size() > 2 || s.find_first_not_of("0123456789") != std::string::npos) {
+    return false;
+  }
+  const int v = std::stoi(s);
+  if (v > 32) return false;
+  field = v;
+  return true;
 }
 bool assign(SizeValue& field, std::string_view text, const OptionInfo&) {
   auto v = parse_size(text, /*allow_percent=*/true);
@@ -128,6 +140,18 @@ std::string suggestion_for(std::string_view unknown_key) {
 // application's environment through the launcher and must not draw a warning there.
 bool is_tool_variable(std::string_view name) {
   return name == "POOLSHIM_LIBRARY" || name == "POOLSHIM_BUILD_DIR" || name == "POOLSHIM_GPU_OUT";
+}
+
+// 3 for POOLSHIM_LIMIT_3, -1 for anything else.
+int device_limit_index(std::string_view name) {
+  constexpr std::string_view prefix = "POOLSHIM_LIMIT_";
+  if (name.size() <= prefix.size() || name.size() > prefix.size() + 3 ||
+      name.substr(0, prefix.size()) != prefix) {
+    return -1;
+  }
+  const std::string digits(name.substr(prefix.size()));
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoi(digits);
 }
 
 std::string choice_list(std::string_view option_name) {
@@ -207,6 +231,15 @@ ParsedConfig parse_config(const std::vector<std::string>& environment) {
   }
   for (const auto& [name, value] : variables) {
     if (name == "POOLSHIM_CONF" || is_tool_variable(name)) continue;
+    if (const int device = device_limit_index(name); device >= 0) {
+      if (auto v = parse_size(value, /*allow_percent=*/true)) {
+        out.config.device_limits[device] = *v;
+      } else {
+        out.warnings.push_back(name + "=\"" + value + "\" is not " +
+                               kind_expectation(OptionKind::Size) + "; using no cap of its own");
+      }
+      continue;
+    }
     const OptionInfo* info = find_option(std::string_view(name).substr(9));
     if (info == nullptr || env_name(info->name) != name) {
       const std::string near = suggestion_for(to_lower(std::string_view(name).substr(9)));
@@ -243,6 +276,12 @@ ParsedConfig parse_config(const std::vector<std::string>& environment) {
   return out;
 }
 
+std::uint64_t Config::cap_for(int device, std::uint64_t device_total) const {
+  const auto it = device_limits.find(device);
+  const SizeValue& v = it != device_limits.end() ? it->second : limit;
+  return v.resolve(device_total);
+}
+
 std::vector<std::string> describe_config(const Config& config) {
   std::vector<std::string> lines;
   const auto& table = option_table();
@@ -250,6 +289,12 @@ std::vector<std::string> describe_config(const Config& config) {
     lines.push_back(std::string(table[i].name) + " = " +
                     (config.texts[i].empty() ? "\"\"" : config.texts[i]) + " (" +
                     source_name(config.sources[i]) + ")");
+  }
+  for (const auto& [device, value] : config.device_limits) {
+    lines.push_back(
+        "limit of device " + std::to_string(device) + " = " +
+        (value.is_percent ? std::to_string(value.percent) + "%" : std::to_string(value.bytes)) +
+        " (environment)");
   }
   return lines;
 }

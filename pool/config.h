@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,11 +45,21 @@ namespace poolshim {
     "every stream of the device (sync where that cannot be proven).")                              \
   X(oom_retry, Bool, "1",                                                                          \
     "On out-of-memory, synchronize, trim the pool's unused memory and retry once.")                \
+  X(limit, Size, "0",                                                                              \
+    "A cap on the pool of every device (bytes with K/M/G/T, or % of device memory; 0: none): "     \
+    "allocations past it fail with the native out-of-memory error, and cudaMemGetInfo reports "    \
+    "the cap as total. POOLSHIM_LIMIT_<device> sets one device's.")                                \
+  X(backtrace, Frames, "0",                                                                        \
+    "Record up to this many return addresses (at most 32) per live allocation, for the call "      \
+    "sites of OOM and leak reports; 0 records none.")                                              \
+  X(prom_file, Path, "",                                                                           \
+    "Also write the per-device figures in Prometheus text format to this file at each sample "     \
+    "(rewritten atomically, for node_exporter's textfile collector); empty: none.")                \
   X(verbose, Bool, "0",                                                                            \
     "Print the effective configuration, and where each value came from, to stderr.")               \
   X(strict, Bool, "0", "Refuse to start (exit status 2) on a bad option instead of warning.")
 
-enum class OptionKind { Bool, Path, Milliseconds, Size, Choice };
+enum class OptionKind { Bool, Path, Milliseconds, Size, Choice, Frames };
 
 /// Where an option's value came from.
 enum class Source { default_value, conf_string, environment };
@@ -92,12 +103,21 @@ template <>
 struct ValueType<OptionKind::Choice> {
   using type = std::string;
 };
+template <>
+struct ValueType<OptionKind::Frames> {
+  using type = int;
+};
 }  // namespace detail
 
 struct Config {
 #define POOLSHIM_FIELD(name, kind, def, meaning) detail::ValueType<OptionKind::kind>::type name{};
   POOLSHIM_OPTIONS(POOLSHIM_FIELD)
 #undef POOLSHIM_FIELD
+
+  /// POOLSHIM_LIMIT_<device>: caps of single devices, over `limit`.
+  std::map<int, SizeValue> device_limits;
+  /// The cap of `device` (0: none), for a device of `device_total` bytes.
+  std::uint64_t cap_for(int device, std::uint64_t device_total) const;
 
   /// Where each option's value came from, in table order.
   std::vector<Source> sources;

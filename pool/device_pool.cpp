@@ -53,6 +53,10 @@ std::unique_ptr<DevicePool> DevicePool::create(const DriverApi& driver, int ordi
   props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
   props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   props.location.id = ordinal;
+  // The cap is the pool's maximum size: the driver itself refuses growth past it.
+  p->cap_ = settings.cap.resolve(total);
+  if (p->cap_ > 0 && p->cap_ < total) props.maxSize = p->cap_;
+  if (p->cap_ >= total) p->cap_ = 0;  // a cap the device cannot reach is no cap
   if ((r = driver.cuMemPoolCreate(&p->pool_, &props)) != CUDA_SUCCESS) {
     p->pool_ = nullptr;
     *error = failure(driver, "cuMemPoolCreate", r);

@@ -11,13 +11,15 @@
 #include <string>
 
 #include "cuda_api.h"
+#include "units.h"
 
 namespace poolshim {
 
 struct PoolSettings {
   bool reuse_follow_event_deps = true;
   bool reuse_opportunistic = true;
-  bool reuse_internal_deps = true;
+  bool reuse_internal_deps = false;
+  SizeValue cap;  // 0 bytes: no cap
 };
 
 /// The pool's own figures (cudaMemPoolAttr*MemCurrent/High).
@@ -51,6 +53,8 @@ class DevicePool {
   CUevent legacy_event() const { return legacy_event_; }
   CUcontext context() const { return context_; }
   std::uint64_t device_total() const { return device_total_; }
+  /// The pool's cap in bytes (its maximum size; POOLSHIM_LIMIT), 0 when there is none.
+  std::uint64_t cap() const { return cap_; }
 
   PoolUsage usage() const;
   /// Gives unused memory back until the pool holds fewer than `keep_reserved` bytes
@@ -73,6 +77,7 @@ class DevicePool {
   CUevent legacy_event_ = nullptr;
   CUmemoryPool pool_ = nullptr;
   std::uint64_t device_total_ = 0;
+  std::uint64_t cap_ = 0;
   bool retained_ = false;
 };
 

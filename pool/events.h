@@ -28,7 +28,9 @@ struct OomReport {
   std::uint64_t released_after = 0;  // unused pool memory given back before the real call
   std::uint64_t live_bytes = 0;      // requested bytes in live pooled allocations
   std::uint64_t live_count = 0;
-  int error = 0;  // the code the application got back
+  std::uint64_t cap = 0;   // the pool's cap (POOLSHIM_LIMIT), 0 when none
+  std::uint32_t site = 0;  // call site of the failed request (POOLSHIM_BACKTRACE), 0: none
+  int error = 0;           // the code the application got back
 };
 
 struct Event {

@@ -1,6 +1,8 @@
 #include "records.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <map>
 
 #include "json.h"
 #include "units.h"
@@ -50,6 +52,11 @@ void add_device_fields(JsonObject& o, const DeviceSnapshot& s) {
 #define POOLSHIM_ADD_COUNTER(name, meaning) o.add(#name, s.stats.name);
   POOLSHIM_COUNTERS(POOLSHIM_ADD_COUNTER)
 #undef POOLSHIM_ADD_COUNTER
+  if (s.cap > 0) {
+    o.add("cap_bytes", s.cap);
+  } else {
+    o.add_null("cap_bytes");
+  }
   o.add("pool_slack", pool_slack(s.pool));
   o.add("rounding_waste", rounding_waste(s.pool, s.stats.requested_bytes.current));
   if (s.device_info_valid) {
@@ -89,6 +96,10 @@ std::string start_record(double t, const ProcessInfo& info, const Config& config
     conf.add(table[i].name, config.texts[i]);
     sources.add(table[i].name, source_name(config.sources[i]));
   }
+  for (const auto& [device, value] : config.device_limits) {
+    conf.add("limit_" + std::to_string(device),
+             value.is_percent ? std::to_string(value.percent) + "%" : std::to_string(value.bytes));
+  }
   o.add_raw("config", conf.str());
   o.add_raw("config_sources", sources.str());
   std::vector<std::string> devs;
@@ -115,21 +126,35 @@ std::string warning_record(double t, int pid, std::string_view text) {
 
 const char* oom_verdict(const OomReport& r) {
   const std::uint64_t unused = r.reserved > r.used ? r.reserved - r.used : 0;
+  // Memory held by the pool, unused, but not in a piece that fits: fragmentation.
   if (unused >= r.request) return "fragmentation";
+  const std::uint64_t headroom = r.cap > r.used ? r.cap - r.used : 0;
+  if (r.cap > 0 && headroom < r.request) return "cap";
+  // The device had the memory free, but not usable for this request.
   if (r.device_info_valid && r.device_free >= r.request) return "fragmentation";
   return "exhausted";
 }
 
 std::string oom_hint(const OomReport& r) {
   const std::uint64_t unused = r.reserved > r.used ? r.reserved - r.used : 0;
-  if (std::string(oom_verdict(r)) == "fragmentation") {
+  const std::string verdict = oom_verdict(r);
+  if (verdict == "cap") {
+    const std::uint64_t headroom = r.cap > r.used ? r.cap - r.used : 0;
+    return "the cap (POOLSHIM_LIMIT, " + format_bytes(r.cap) + ") leaves " +
+           format_bytes(headroom) + " for a request of " + format_bytes(r.request) +
+           ": this is the out-of-memory a device of that size would give; raise or unset the "
+           "cap to go on";
+  }
+  if (verdict == "fragmentation") {
+    const std::uint64_t free = std::max(unused, r.device_free);
     if (!r.retried) {
-      return "memory is free (" + format_bytes(std::max(unused, r.device_free)) +
-             ") but not in one piece of " + format_bytes(r.request) +
-             ": set POOLSHIM_OOM_RETRY=1 so the pool is trimmed and the call retried";
+      return "memory is free (" + format_bytes(free) + ") but not in one piece of " +
+             format_bytes(r.request) +
+             ": set POOLSHIM_OOM_RETRY=1 so the pool is trimmed and "
+             "the call retried";
     }
-    return "memory is free (" + format_bytes(std::max(unused, r.device_free)) +
-           ") but not in one piece of " + format_bytes(r.request) +
+    return "memory is free (" + format_bytes(free) + ") but not in one piece of " +
+           format_bytes(r.request) +
            " even after a trim: allocate the largest buffers first and reuse them";
   }
   if (r.request > r.device_total && r.device_info_valid) {
@@ -141,7 +166,63 @@ std::string oom_hint(const OomReport& r) {
          " pooled allocations): reduce the working set or free buffers earlier";
 }
 
-std::string oom_record(double t, int pid, const OomReport& r) {
+std::vector<SiteGroup> group_by_site(const std::vector<LiveAllocation>& live, std::size_t limit) {
+  std::map<std::uint32_t, SiteGroup> groups;
+  for (const auto& l : live) {
+    SiteGroup& g = groups[l.info.site];
+    g.site = l.info.site;
+    ++g.count;
+    g.bytes += l.info.requested;
+  }
+  std::vector<SiteGroup> out;
+  for (const auto& [site, g] : groups) out.push_back(g);
+  std::sort(out.begin(), out.end(), [](const SiteGroup& a, const SiteGroup& b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.site < b.site;
+  });
+  if (out.size() > limit) out.resize(limit);
+  return out;
+}
+
+std::vector<LiveAllocation> largest(std::vector<LiveAllocation> live, std::size_t limit) {
+  std::sort(live.begin(), live.end(), [](const LiveAllocation& a, const LiveAllocation& b) {
+    return a.info.requested != b.info.requested ? a.info.requested > b.info.requested
+                                                : a.ptr < b.ptr;
+  });
+  if (live.size() > limit) live.resize(limit);
+  return live;
+}
+
+namespace {
+
+double age_of(const Allocation& a, std::uint64_t now_ns) {
+  return now_ns > a.birth_ns ? static_cast<double>(now_ns - a.birth_ns) / 1e9 : 0.0;
+}
+
+std::string allocation_json(const LiveAllocation& l, std::uint64_t now_ns,
+                            const SiteJson& site_json) {
+  JsonObject lj;
+  lj.add("device", l.info.device).add("bytes", l.info.requested);
+  lj.add("age_s", age_of(l.info, now_ns)).add("async", (l.info.flags & Allocation::kAsync) != 0);
+  lj.add("stream", static_cast<std::uint64_t>(l.info.stream));
+  lj.add_raw("site", site_json(l.info.site));
+  return lj.str();
+}
+
+std::string groups_json(const std::vector<SiteGroup>& groups, const SiteJson& site_json) {
+  std::vector<std::string> rows;
+  for (const auto& g : groups) {
+    JsonObject gj;
+    gj.add_raw("site", site_json(g.site));
+    gj.add("count", g.count).add("bytes", g.bytes);
+    rows.push_back(gj.str());
+  }
+  return json_array(rows);
+}
+
+}  // namespace
+
+std::string oom_record(double t, int pid, const OomReport& r, const OomDetails& details,
+                       const SiteJson& site_json) {
   JsonObject o = header("oom", t, pid);
   o.add("device", r.device).add("request_bytes", r.request);
   o.add("api", r.async ? "cudaMallocAsync" : "cudaMalloc");
@@ -155,13 +236,87 @@ std::string oom_record(double t, int pid, const OomReport& r) {
   o.add("pool_unused_bytes", r.reserved > r.used ? r.reserved - r.used : 0);
   o.add("released_bytes", r.released_after);
   o.add("live_bytes", r.live_bytes).add("live_allocs", r.live_count);
+  if (r.cap > 0) {
+    o.add("cap_bytes", r.cap);
+  } else {
+    o.add_null("cap_bytes");
+  }
   o.add("retried", r.retried);
   o.add("verdict", oom_verdict(r));
   o.add("hint", oom_hint(r));
+  o.add_raw("site", site_json(r.site));
+  std::vector<std::string> rows;
+  for (const auto& l : details.largest)
+    rows.push_back(allocation_json(l, details.now_ns, site_json));
+  o.add_raw("largest", json_array(rows));
+  o.add_raw("by_site", groups_json(details.by_site, site_json));
+  o.add_raw("size_histogram", histogram_json(details.histogram));
   return o.str();
 }
 
-std::string exit_record(double t, int pid, const ExitSummary& summary) {
+namespace {
+std::string allocations(std::uint64_t n) {
+  return std::to_string(n) + (n == 1 ? " allocation" : " allocations");
+}
+}  // namespace
+
+std::string oom_text(const OomReport& r, const OomDetails& details, const SiteText& site_text) {
+  const std::uint64_t unused = r.reserved > r.used ? r.reserved - r.used : 0;
+  std::string out = "out of memory on device " + std::to_string(r.device) +
+                    (details.device_name.empty() ? "" : " (" + details.device_name + ")") + "\n";
+  auto line = [&out](const char* label, const std::string& text) {
+    char head[32];
+    std::snprintf(head, sizeof head, "  %-12s ", label);
+    out += head + text + "\n";
+  };
+  const std::string where = site_text(r.site);
+  line("request", format_bytes(r.request) + " by " + (r.async ? "cudaMallocAsync" : "cudaMalloc") +
+                      (where.empty() ? "" : ", from " + where));
+  std::string device =
+      r.device_info_valid ? format_bytes(r.device_free) + " free of " + format_bytes(r.device_total)
+                          : std::string("figures unknown");
+  if (r.cap > 0) {
+    device += "; cap " + format_bytes(r.cap) + " (" +
+              format_bytes(r.cap > r.used ? r.cap - r.used : 0) + " headroom)";
+  }
+  line("device", device);
+  line("pool", format_bytes(r.reserved) + " reserved, " + format_bytes(r.used) + " used, " +
+                   format_bytes(unused) + " unused (" + format_bytes(r.released_after) +
+                   " given back before the real call)");
+  line("live", allocations(r.live_count) + ", " + format_bytes(r.live_bytes) + " requested");
+  bool first = true;
+  std::size_t shown = 0;
+  for (const auto& l : details.largest) {
+    if (++shown > 5) break;  // the record has ten; five read well
+    char age[32];
+    std::snprintf(age, sizeof age, "%.1f s", age_of(l.info, details.now_ns));
+    const std::string at = site_text(l.info.site);
+    line(first ? "largest" : "", format_bytes(l.info.requested) + ", age " + age +
+                                     (l.info.flags & Allocation::kAsync ? ", async" : "") +
+                                     (at.empty() ? "" : ", from " + at));
+    first = false;
+  }
+  first = true;
+  for (const auto& g : details.by_site) {
+    const std::string at = site_text(g.site);
+    line(first ? "by call site" : "", allocations(g.count) + ", " + format_bytes(g.bytes) +
+                                          " from " +
+                                          (at.empty() ? std::string("(not recorded)") : at));
+    first = false;
+  }
+  std::string histogram;
+  for (int k = 0; k < kHistogramBuckets; ++k) {
+    if (details.histogram[k] == 0) continue;
+    if (!histogram.empty()) histogram += ", ";
+    histogram += std::to_string(details.histogram[k]) + " x " + format_bytes(1ULL << k) + "+";
+  }
+  if (!histogram.empty()) line("sizes", histogram);
+  line("verdict", oom_verdict(r));
+  line("hint", oom_hint(r));
+  return out;
+}
+
+std::string exit_record(double t, int pid, const ExitSummary& summary, const SiteJson& site_json) {
   JsonObject o = header("exit", t, pid);
   std::uint64_t pooled = 0;
   std::vector<std::string> devs;
@@ -176,27 +331,17 @@ std::string exit_record(double t, int pid, const ExitSummary& summary) {
 
   std::uint64_t leaked_bytes = 0;
   for (const auto& l : summary.live) leaked_bytes += l.info.requested;
-  std::vector<LiveAllocation> largest = summary.live;
-  std::sort(largest.begin(), largest.end(), [](const LiveAllocation& a, const LiveAllocation& b) {
-    return a.info.requested != b.info.requested ? a.info.requested > b.info.requested
-                                                : a.ptr < b.ptr;
-  });
-  if (largest.size() > 10) largest.resize(10);
   std::vector<std::string> rows;
-  for (const auto& l : largest) {
-    JsonObject lj;
-    lj.add("device", l.info.device).add("bytes", l.info.requested);
-    const double age = summary.now_ns > l.info.birth_ns
-                           ? static_cast<double>(summary.now_ns - l.info.birth_ns) / 1e9
-                           : 0.0;
-    lj.add("age_s", age).add("async", (l.info.flags & Allocation::kAsync) != 0);
-    rows.push_back(lj.str());
+  for (const auto& l : largest(summary.live, 10)) {
+    rows.push_back(allocation_json(l, summary.now_ns, site_json));
   }
   JsonObject leaks;
   leaks.add("count", static_cast<std::uint64_t>(summary.live.size())).add("bytes", leaked_bytes);
   leaks.add_raw("largest", json_array(rows));
+  leaks.add_raw("by_site", groups_json(group_by_site(summary.live, 20), site_json));
   o.add_raw("leaks", leaks.str());
   o.add("events_dropped", summary.events_dropped);
+  o.add("oom_repeats", summary.oom_repeats);
   JsonObject paths;
   for (const auto& [name, count] : summary.extras.paths) paths.add(name, count);
   o.add_raw("paths", paths.str());

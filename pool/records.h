@@ -2,7 +2,9 @@
 // Built as strings by the background thread; each is one JSON object on one line.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,16 +28,48 @@ struct ProcessInfo {
   std::uint64_t start_unix_s = 0;   // wall clock at library load
   std::uint64_t start_mono_ns = 0;  // monotonic clock at library load: "t" counts from here
   std::string log_path;             // after expansion
+  std::string prom_path;            // POOLSHIM_PROM_FILE after expansion; empty: none
 };
 
 /// Seconds since `info.start_mono_ns`.
 double seconds_since_start(const ProcessInfo& info, std::uint64_t mono_ns);
 
+/// A call site rendered as JSON: "null", or an array of frames (see README, "The log").
+using SiteJson = std::function<std::string(std::uint32_t site)>;
+/// A call site in one line for people ("allocate_layer+0x1c (/usr/bin/app)"), "" if none.
+using SiteText = std::function<std::string(std::uint32_t site)>;
+inline std::string no_site_json(std::uint32_t) {
+  return "null";
+}
+
+/// Live allocations grouped by call site.
+struct SiteGroup {
+  std::uint32_t site = 0;
+  std::uint64_t count = 0;
+  std::uint64_t bytes = 0;
+};
+/// Groups `live` by call site, most bytes first, at most `limit` groups.
+std::vector<SiteGroup> group_by_site(const std::vector<LiveAllocation>& live, std::size_t limit);
+/// The `limit` largest of `live`, largest first.
+std::vector<LiveAllocation> largest(std::vector<LiveAllocation> live, std::size_t limit);
+
+/// What an `oom` record says beyond the OomReport: the device's live allocations then.
+struct OomDetails {
+  std::vector<LiveAllocation> largest;  // at most 10
+  std::vector<SiteGroup> by_site;       // at most 10
+  std::array<std::uint64_t, kHistogramBuckets> histogram{};
+  std::uint64_t now_ns = 0;  // coarse monotonic, to age them
+  std::string device_name;
+};
+
 std::string start_record(double t, const ProcessInfo& info, const Config& config,
                          const std::vector<DeviceDescription>& devices);
 std::string sample_record(double t, int pid, const DeviceSnapshot& snap);
 std::string warning_record(double t, int pid, std::string_view text);
-std::string oom_record(double t, int pid, const OomReport& report);
+std::string oom_record(double t, int pid, const OomReport& report, const OomDetails& details,
+                       const SiteJson& site_json);
+/// The readable block the shim prints on stderr at an out-of-memory.
+std::string oom_text(const OomReport& report, const OomDetails& details, const SiteText& site_text);
 
 /// What the shim adds to the exit record: notes, and how many calls each way in caught.
 struct ExitExtras {
@@ -48,9 +82,11 @@ struct ExitSummary {
   std::vector<LiveAllocation> live;  // the leaks: pooled allocations still live at exit
   std::uint64_t now_ns = 0;          // coarse monotonic, to age the leaks
   std::uint64_t events_dropped = 0;
+  std::uint64_t oom_repeats = 0;  // OOMs of an already reported situation, not written again
   ExitExtras extras;
 };
-std::string exit_record(double t, int pid, const ExitSummary& summary);
+std::string exit_record(double t, int pid, const ExitSummary& summary,
+                        const SiteJson& site_json = no_site_json);
 
 /// The fragmentation figures of DESIGN §5 (0 when the denominator is 0).
 double pool_slack(const PoolUsage& u);

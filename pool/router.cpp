@@ -76,7 +76,10 @@ DevicePool* Router::pool_for(int device) {
   if (pool != nullptr) return pool;
   if (pool_state_[device].load(std::memory_order_relaxed) == PoolState::failed) return nullptr;
   std::string error;
-  auto created = DevicePool::create(driver_, device, settings_, &error);
+  PoolSettings settings = settings_;
+  const auto own_limit = config_.device_limits.find(device);
+  settings.cap = own_limit != config_.device_limits.end() ? own_limit->second : config_.limit;
+  auto created = DevicePool::create(driver_, device, settings, &error);
   if (!created) {
     pool_state_[device].store(PoolState::failed, std::memory_order_relaxed);
     warn_once(warned_pool_failure_, "cannot create the pool of device " + std::to_string(device) +
@@ -161,22 +164,27 @@ OomReport Router::describe_oom(DevicePool& pool, std::size_t bytes, CUstream str
   const DeviceStats& s = stats_[static_cast<std::size_t>(pool.ordinal())];
   report.live_bytes = s.requested_bytes.current.load(std::memory_order_relaxed);
   report.live_count = s.live_allocs.current.load(std::memory_order_relaxed);
+  report.cap = pool.cap();
   return report;
 }
 
 void Router::decline_allocation(DevicePool& pool, std::size_t bytes, CUstream stream, bool async,
-                                CUresult pool_result, Fallback real) {
+                                CUresult pool_result, AllocFallback real) {
   OomReport report;
   const bool pool_oom = pool_result == CUDA_ERROR_OUT_OF_MEMORY;
   if (pool_oom) {
     report = describe_oom(pool, bytes, stream, async);  // the state at the failure
+    report.site = capture_site();
     // A failed pool allocation can leave memory reserved in the pool (seen on an H200: a
     // 280 GiB request left 139 GiB reserved and 5 MiB free). Give back every unused byte
     // before the real function tries: it needs that memory, and an application that has
     // just run out should not find it held in a cache.
     report.released_after = pool.trim_to(0);
   }
-  const RealResult result = real();
+  // Under a cap the real function must not allocate what the pool refused: it is asked for
+  // a request it cannot serve, so the application gets the native error and nothing else.
+  const bool capped = pool.cap() > 0;
+  const RealResult result = real(pool_oom && capped ? kRefusedRequest : bytes);
   DeviceStats& s = stats(pool.ordinal());
   if (result == RealResult::success) {
     s.bump(s.fallback_allocs);
@@ -189,7 +197,10 @@ void Router::decline_allocation(DevicePool& pool, std::size_t bytes, CUstream st
   s.bump(s.failed_allocs);
   if (result != RealResult::out_of_memory) return;
   s.bump(s.ooms);
-  if (!pool_oom) report = describe_oom(pool, bytes, stream, async);
+  if (!pool_oom) {
+    report = describe_oom(pool, bytes, stream, async);
+    report.site = capture_site();
+  }
   if (unused_of(PoolUsage{report.reserved, 0, report.used, 0, true}) >= bytes) {
     s.bump(s.oom_with_slack);
   }
@@ -199,11 +210,11 @@ void Router::decline_allocation(DevicePool& pool, std::size_t bytes, CUstream st
   if (wait_ms > 0) events_.wait_written(ticket, std::chrono::milliseconds(wait_ms));
 }
 
-bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Fallback real) {
+bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, AllocFallback real) {
   DevicePool* pool = pool_for(device);
   if (pool == nullptr || !adopt_context(*pool)) {
     note_passthrough_alloc(device);
-    real();
+    real(bytes);
     return false;
   }
   CUdeviceptr ptr = 0;
@@ -218,19 +229,19 @@ bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Fall
     decline_allocation(*pool, bytes, nullptr, false, r, real);
     return false;
   }
-  table_.insert(ptr, Allocation{bytes, coarse_now_ns(), 0, device, 0});
+  table_.insert(ptr, Allocation{bytes, coarse_now_ns(), 0, device, 0, capture_site()});
   stats(device).on_alloc(bytes);
   *out = ptr;
   return true;
 }
 
 bool Router::allocate_async(int device, std::size_t bytes, CUstream stream, CUdeviceptr* out,
-                            Fallback real) {
+                            AllocFallback real) {
   DevicePool* pool = app_pool(device) ? nullptr : pool_for(device);
   // A named stream carries its own context; the default streams need the right one current.
   if (pool == nullptr || (is_default_stream(stream) && !adopt_context(*pool))) {
     note_passthrough_alloc(device);
-    real();
+    real(bytes);
     return false;
   }
   CUdeviceptr ptr = 0;
@@ -240,7 +251,7 @@ bool Router::allocate_async(int device, std::size_t bytes, CUstream stream, CUde
     return false;
   }
   table_.insert(ptr, Allocation{bytes, coarse_now_ns(), reinterpret_cast<std::uintptr_t>(stream),
-                                device, Allocation::kAsync});
+                                device, Allocation::kAsync, capture_site()});
   DeviceStats& s = stats(device);
   s.on_alloc(bytes);
   s.bump(s.async_allocs);
@@ -444,8 +455,37 @@ void Router::note_ipc_failure(const void* ptr) {
             "out of the pool");
 }
 
+std::uint32_t Router::capture_site() {
+  if (config_.backtrace <= 0) return 0;
+  std::uintptr_t frames[kMaxCallSiteFrames];
+  const int n = capture_frames(frames, config_.backtrace, own_code_begin_, own_code_end_);
+  return sites_.intern(frames, n);
+}
+
+std::uint64_t Router::cap(int device) const {
+  const DevicePool* pool = existing_pool(device);
+  return pool != nullptr ? pool->cap() : 0;
+}
+
 void Router::note_app_pool_alloc(int device) {
   if (valid_device(device)) stats(device).bump(stats(device).app_pool_allocs);
+}
+
+void Router::adjust_memory_info(int device, std::size_t* free, std::size_t* total) const {
+  const DevicePool* pool = existing_pool(device);
+  if (pool == nullptr) return;
+  RelaxedCaptureScope relaxed(driver_);  // cudaMemGetInfo is legal during a capture
+  const PoolUsage u = pool->usage();
+  std::uint64_t f = *free + unused_of(u);  // held but not handed out: free for the application
+  std::uint64_t t = *total;
+  if (pool->cap() > 0) {
+    // Under a cap the application sees a device of the cap's size.
+    t = pool->cap();
+    const std::uint64_t headroom = u.valid && u.used < t ? t - u.used : 0;
+    f = std::min(f, headroom);
+  }
+  *free = static_cast<std::size_t>(std::min(f, t));
+  *total = static_cast<std::size_t>(t);
 }
 
 std::uint64_t Router::unused_bytes(int device) const {
@@ -498,6 +538,7 @@ DeviceSnapshot Router::snapshot(int device) const {
   const DevicePool* pool = existing_pool(device);
   if (pool == nullptr) return snap;
   snap.pool = pool->usage();
+  snap.cap = pool->cap();
   snap.device_info_valid = device_memory(*pool, &snap.device_free, &snap.device_total);
   return snap;
 }

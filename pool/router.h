@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "allocation_table.h"
+#include "call_sites.h"
 #include "config.h"
 #include "cuda_api.h"
 #include "device_pool.h"
@@ -31,7 +32,15 @@ constexpr int kMaxDevices = 64;
 
 /// How the real function fared, as far as the counters care.
 enum class RealResult { success, out_of_memory, error };
+/// The real free function behind a hook.
 using Fallback = FunctionRef<RealResult()>;
+/// The real allocation function behind a hook, asked for `bytes`: the request, or
+/// kRefusedRequest when the pool's cap refuses it (the real function then fails with the
+/// native out-of-memory error and its native side effects, without allocating anything).
+using AllocFallback = FunctionRef<RealResult(std::size_t bytes)>;
+/// A request no device can serve (1 PiB: on an H200 cudaMalloc answers it with
+/// cudaErrorMemoryAllocation at once).
+constexpr std::size_t kRefusedRequest = std::size_t{1} << 50;
 
 /// One device's figures at a moment: the sample record.
 struct DeviceSnapshot {
@@ -41,6 +50,7 @@ struct DeviceSnapshot {
   bool device_info_valid = false;
   std::uint64_t device_free = 0;
   std::uint64_t device_total = 0;
+  std::uint64_t cap = 0;  // the pool's cap, 0 when none
 };
 
 struct DeviceDescription {
@@ -64,10 +74,10 @@ class Router {
   // ---- called by hooks ----------------------------------------------------------------
   /// cudaMalloc: `bytes` (> 0) on `device`, usable from any stream once this returns. True
   /// when the pool served it (*out set); false when `real` was called instead.
-  bool allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Fallback real);
+  bool allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, AllocFallback real);
   /// cudaMallocAsync: `bytes` (> 0) from `device`'s pool in `stream`'s order; as above.
   bool allocate_async(int device, std::size_t bytes, CUstream stream, CUdeviceptr* out,
-                      Fallback real);
+                      AllocFallback real);
   /// cudaFree of a non-null pointer: synchronize, then return the block to its pool.
   /// `caller_device` (the runtime's current device) is where a foreign pointer is counted.
   void free_sync(void* ptr, int caller_device, Fallback real);
@@ -93,13 +103,24 @@ class Router {
   /// Device `from` may now reach `to`'s memory: open `to`'s pool to it (if it exists yet;
   /// a pool made later is opened when it is made).
   void open_pool_to(int to, int from);
+  /// Code of the shim itself, left out of recorded call sites (the hooks' frames).
+  void set_own_code_range(std::uintptr_t begin, std::uintptr_t end) {
+    own_code_begin_ = begin;
+    own_code_end_ = end;
+  }
+  const CallSiteTable& call_sites() const { return sites_; }
+  /// The pool's cap of `device` in bytes, 0 when none (or no pool yet).
+  std::uint64_t cap(int device) const;
   /// A legacy IPC export failed: if `ptr` is pooled, say why (once).
   void note_ipc_failure(const void* ptr);
   /// Before a registered non-blocking stream is destroyed: blocks freed later in `ordered`
   /// mode must still wait for the work it holds.
   void before_stream_destroy(const StreamRegistry::Entry& entry);
-  /// Memory the device's pool holds but has not handed out (counted as free by cudaMemGetInfo).
+  /// Memory the device's pool holds but has not handed out.
   std::uint64_t unused_bytes(int device) const;
+  /// cudaMemGetInfo as the application must see it: the pool's unused memory counts as free,
+  /// and under a cap the cap is the total and its headroom the most that is free.
+  void adjust_memory_info(int device, std::size_t* free, std::size_t* total) const;
   /// Before cudaDeviceReset(device): the pool and every table entry of the device go away.
   void before_device_reset(int device);
   /// The application made its own pool current on `device` (cudaDeviceSetMemPool): its
@@ -147,7 +168,7 @@ class Router {
   CUresult allocate_with_retry(DevicePool& pool, std::size_t bytes, CUstream stream,
                                CUdeviceptr* out);
   void decline_allocation(DevicePool& pool, std::size_t bytes, CUstream stream, bool async,
-                          CUresult pool_result, Fallback real);
+                          CUresult pool_result, AllocFallback real);
   /// The real free of a pooled pointer after the pool path failed: forget the pointer if the
   /// real function freed it, keep it otherwise.
   void finish_failed_free(std::uintptr_t ptr, const Allocation& a, Fallback real);
@@ -164,6 +185,11 @@ class Router {
   PoolSettings settings_;
   StreamRegistry* registry_ = nullptr;
   const PeerAccess* peers_ = nullptr;
+  CallSiteTable sites_;
+  std::uintptr_t own_code_begin_ = 0;
+  std::uintptr_t own_code_end_ = 0;
+  /// The caller's call site (POOLSHIM_BACKTRACE frames), 0 when not recorded.
+  std::uint32_t capture_site();
   bool ordered_mode_ = false;
   int device_count_ = 0;
   std::atomic<long long> oom_record_wait_ms_{0};

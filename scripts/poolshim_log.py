@@ -90,6 +90,26 @@ def fmt_share(x):
     return "?" if x is None else f"{100 * x:.1f}%"
 
 
+CUDA_RUNTIME_PREFIXES = ("cudart::", "__cudart", "cuda", "__cuda")
+
+
+def site_text(site):
+    """The first frame of a call site that is not the CUDA runtime's, for people."""
+    if not site:
+        return "(call sites not recorded: set POOLSHIM_BACKTRACE)"
+    chosen = site[0]
+    for frame in site:
+        module = os.path.basename(frame.get("module") or "")
+        function = frame.get("function") or ""
+        if module.startswith(("libcudart", "libcuda.so")) or function.startswith(CUDA_RUNTIME_PREFIXES):
+            continue
+        chosen = frame
+        break
+    if chosen.get("function"):
+        return f"{chosen['function']}+{chosen.get('function_offset') or 0:#x} ({chosen.get('module')})"
+    return f"? ({chosen.get('module')}+{chosen.get('offset', 0):#x})"
+
+
 def process_summaries(records):
     """One dict per process (by pid) in the records: start, devices' final and peak figures,
     OOMs, warnings and leaks."""
@@ -150,6 +170,9 @@ def summary_text(path, records):
                              f"(largest {fmt_bytes(big['bytes'])} on device {big['device']}, age {big['age_s']:.1f} s)")
             else:
                 lines.append("  leaks at exit: none")
+            for group in leaks.get("by_site", [])[:3]:
+                lines.append(f"    leaked from: {plural(group['count'], 'allocation')}, {fmt_bytes(group['bytes'])}, "
+                             f"{site_text(group.get('site'))}")
             paths = ex.get("paths") or {}
             if paths:
                 lines.append("  ways in: " + ", ".join(f"{k} {v}" for k, v in paths.items()))

@@ -212,8 +212,9 @@ CUresult mem_alloc_async(Real real_fn, CUdeviceptr* dptr, size_t bytes, CUstream
   if (device < 0) return real_fn(dptr, bytes, stream);  // no context or a bad stream: native error
   CUresult result = CUDA_SUCCESS;
   CUdeviceptr p = 0;
-  if (router->allocate_async(device, bytes, s, &p,
-                             [&] { return classify(result = real_fn(dptr, bytes, stream)); })) {
+  if (router->allocate_async(device, bytes, s, &p, [&](size_t n) {
+        return classify(result = real_fn(dptr, n, stream));
+      })) {
     *dptr = p;
   }
   return result;
@@ -333,7 +334,7 @@ POOLSHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   CUresult result = CUDA_SUCCESS;
   CUdeviceptr p = 0;
   if (router->allocate_sync(device, bytesize, &p,
-                            [&] { return classify(result = real_fn(dptr, bytesize)); })) {
+                            [&](size_t n) { return classify(result = real_fn(dptr, n)); })) {
     *dptr = p;
   }
   return result;
@@ -366,8 +367,7 @@ POOLSHIM_EXPORT CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
   Router* router = scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
   if (result != CUDA_SUCCESS || router == nullptr || free == nullptr || total == nullptr)
     return result;
-  const std::uint64_t unused = router->unused_bytes(router->current_device());
-  *free = static_cast<size_t>(std::min<std::uint64_t>(*free + unused, *total));
+  router->adjust_memory_info(router->current_device(), free, total);
   return result;
 }
 

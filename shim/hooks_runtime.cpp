@@ -69,8 +69,9 @@ cudaError_t malloc_async(void** ptr, size_t size, cudaStream_t stream, bool per_
   }
   cudaError_t result = cudaSuccess;
   CUdeviceptr p = 0;
-  if (router->allocate_async(device, size, s, &p,
-                             [&] { return classify(result = real_fn(ptr, size, stream)); })) {
+  if (router->allocate_async(device, size, s, &p, [&](size_t n) {
+        return classify(result = real_fn(ptr, n, stream));
+      })) {
     *ptr = reinterpret_cast<void*>(p);
   }
   return result;
@@ -108,8 +109,9 @@ POOLSHIM_EXPORT cudaError_t cudaMalloc(void** devPtr, size_t size) {
   if (real::cudaGetDevice()(&device) != cudaSuccess) return real::cudaMalloc()(devPtr, size);
   cudaError_t result = cudaSuccess;
   CUdeviceptr p = 0;
-  if (router->allocate_sync(device, size, &p,
-                            [&] { return classify(result = real::cudaMalloc()(devPtr, size)); })) {
+  if (router->allocate_sync(device, size, &p, [&](size_t n) {
+        return classify(result = real::cudaMalloc()(devPtr, n));
+      })) {
     *devPtr = reinterpret_cast<void*>(p);
   }
   return result;
@@ -159,8 +161,7 @@ POOLSHIM_EXPORT cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   Router* router = scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
   if (result != cudaSuccess || router == nullptr || free == nullptr || total == nullptr)
     return result;
-  const std::uint64_t unused = router->unused_bytes(router->current_device());
-  *free = static_cast<size_t>(std::min<std::uint64_t>(*free + unused, *total));
+  router->adjust_memory_info(router->current_device(), free, total);
   return result;
 }
 

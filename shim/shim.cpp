@@ -1,6 +1,7 @@
 #include "shim.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "background.h"
+#include "call_sites.h"
 #include "clock.h"
 #include "config.h"
 #include "cuda_api.h"
@@ -108,6 +110,8 @@ ProcessInfo make_process_info(const Config& config) {
   info.start_mono_ns = state().load_mono_ns;
   info.start_unix_s = state().load_unix_s;
   info.log_path = expand_log_path(config.log, info.pid, info.host, info.rank, info.start_unix_s);
+  info.prom_path =
+      expand_log_path(config.prom_file, info.pid, info.host, info.rank, info.start_unix_s);
   return info;
 }
 
@@ -117,8 +121,36 @@ void* dlsym_lookup(void* handle, const char* name) {
   return real_dlsym()(handle, name);
 }
 
+// The address range of this library's code: call sites leave out the shim's own frames.
+void own_code_range(std::uintptr_t* begin, std::uintptr_t* end) {
+  struct Range {
+    std::uintptr_t probe, begin, end;
+  } range{reinterpret_cast<std::uintptr_t>(&own_code_range), 0, 0};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) -> int {
+        auto* r = static_cast<Range*>(data);
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const auto& ph = info->dlpi_phdr[i];
+          if (ph.p_type != PT_LOAD || (ph.p_flags & PF_X) == 0) continue;
+          const std::uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+          const std::uintptr_t hi = lo + ph.p_memsz;
+          if (r->probe >= lo && r->probe < hi) {
+            r->begin = lo;
+            r->end = hi;
+            return 1;
+          }
+        }
+        return 0;
+      },
+      &range);
+  *begin = range.begin;
+  *end = range.end;
+}
+
 // Runs once, on the thread of the first call that reaches the core.
 void start() {
+  std::uintptr_t range_begin = 0;
+  std::uintptr_t range_end = 0;
   State& s = state();
   const Config& config = s.parsed.config;
   const std::string error = s.driver.load("libcuda.so.1", &dlsym_lookup);
@@ -130,6 +162,11 @@ void start() {
   ProcessInfo info = make_process_info(config);
   s.router = new Router(s.driver, config, s.events);
   s.router->set_stream_registry(&s.streams);
+  if (config.backtrace > 0) {
+    own_code_range(&range_begin, &range_end);
+    s.router->set_own_code_range(range_begin, range_end);
+    warm_up_unwinder();  // its first call loads libgcc_s and allocates: not in a hook later
+  }
   s.router->set_peer_access(&s.peers);
   s.worker = new BackgroundWorker(*s.router, s.events, std::move(info), s.parsed.warnings);
   s.worker->start();

@@ -94,6 +94,14 @@ def main(argv=None):
         sys.stdout.reconfigure(errors="replace")
     except (AttributeError, ValueError):
         pass
+    inputs = {os.path.realpath(p) for p in args.logs}
+    for option, path in (("--html", args.html), ("--perfetto", args.perfetto)):
+        if path and os.path.realpath(path) in inputs:
+            print(f"{PROG}: error: {option} {path} is one of the logs: refusing to overwrite it", file=sys.stderr)
+            return 2
+    if args.html and args.perfetto and os.path.realpath(args.html) == os.path.realpath(args.perfetto):
+        print(f"{PROG}: error: --html and --perfetto name the same file", file=sys.stderr)
+        return 2
     try:
         report = model.load(args.logs)
     except LogError as e:

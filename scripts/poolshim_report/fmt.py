@@ -8,9 +8,11 @@ from poolshim_log import fmt_bytes, fmt_share  # noqa: F401  (re-exported)
 
 NONE = "-"
 
-# Leading frames in these modules are the CUDA runtime/driver or poolshim itself: the call site
+# Leading frames in these modules, or in functions with these names (the CUDA runtime linked
+# statically into the program), are the CUDA runtime/driver or poolshim itself: the call site
 # shown first is the first frame outside them (all frames stay in the full stack).
 _PLUMBING_PREFIXES = ("libpoolshim", "libcudart", "libcuda.so")
+_RUNTIME_FUNCTIONS = ("cudart::", "__cudart", "cuda", "__cuda")
 
 
 def fmt_count(n):
@@ -168,20 +170,30 @@ def top_frame_index(site):
     """Index of the frame shown for a call site: the first outside the CUDA libraries and
     poolshim (0 when all are inside)."""
     for i, frame in enumerate(site):
-        if not frame_module(frame).startswith(_PLUMBING_PREFIXES):
+        function = (frame.get("function") if isinstance(frame, dict) else None) or ""
+        if not frame_module(frame).startswith(_PLUMBING_PREFIXES) and not function.startswith(_RUNTIME_FUNCTIONS):
             return i
     return 0
 
 
-def site_text(site, short=True, width=None, callers=0):
-    """A call site on one line: its top frame, and up to `callers` of its callers."""
+def site_texts(sites, width, callers=1):
+    """site_text of each of `sites` in one style: with offsets unless one of them does not fit."""
+    texts = [site_text(s, callers=callers) for s in sites]
+    if width is not None and any(len(t) > width for t in texts):
+        texts = [site_text(s, callers=callers, width=width, offsets=False) for s in sites]
+    return texts
+
+
+def site_text(site, short=True, width=None, callers=0, offsets=True):
+    """A call site on one line: its top frame, and up to `callers` of its callers; cut to
+    `width` by leaving out offsets, then shortening names."""
     if site is None:
         return "(call site not recorded)"
     if not site:
         return "(no frames)"
     first = top_frame_index(site)
     frames = site[first:first + 1 + callers]
-    text = " <- ".join(frame_text(f, short=short) for f in frames)
+    text = " <- ".join(frame_text(f, short=short, offsets=offsets) for f in frames)
     if width is None or len(text) <= width:
         return text
     text = " <- ".join(frame_text(f, short=short, offsets=False) for f in frames)

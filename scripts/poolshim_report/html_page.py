@@ -18,7 +18,7 @@ import math
 
 from . import fmt
 from .fmt import NONE, fmt_bytes, fmt_bytes_or_none, fmt_count, fmt_duration, fmt_pct, fmt_seconds, fmt_unix
-from .model import verdict_counts_text
+from .model import rank_key, verdict_counts_text
 
 SERIES = (("reserved", "reserved_bytes"), ("used", "used_bytes"), ("requested", "requested_bytes"))
 UNITS = (("TiB", 1024 ** 4), ("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024), ("B", 1))
@@ -84,10 +84,42 @@ def _seconds_label(t):
     return f"{t:g} s"
 
 
+MAX_POINTS = 1600   # samples drawn per chart; longer runs keep each stretch's first, last, lowest, highest
+
+
+def _thin(rows, limit=MAX_POINTS):
+    """`rows` (in time order) cut down to about `limit`, keeping in each stretch the first and
+    last row and those with the lowest and highest value of each series, so that no peak is lost."""
+    if len(rows) <= limit:
+        return rows
+    buckets = max(limit // 8, 1)
+    size = -(-len(rows) // buckets)
+    keep = set()
+    for start in range(0, len(rows), size):
+        chunk = range(start, min(start + size, len(rows)))
+        keep.update((chunk[0], chunk[-1]))
+        for _, field in SERIES:
+            values = [(rows[i].get(field), i) for i in chunk if isinstance(rows[i].get(field), (int, float))]
+            if values:
+                keep.add(min(values)[1])
+                keep.add(max(values)[1])
+    return [rows[i] for i in sorted(keep)]
+
+
+def _points(rows, field):
+    out = []
+    for r in rows:
+        v = r.get(field)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.append((r["t"], v))
+    return out
+
+
 def timeline_svg(run, device, svg_id):
     """The SVG timeline of one device of one run, and the data the hover script reads."""
-    series = {name: device.series(field) for name, field in SERIES}
-    cap = device.series("cap_bytes")
+    rows = _thin(device.samples if device.samples else ([device.exit_row] if device.exit_row else []))
+    series = {name: _points(rows, field) for name, field in SERIES}
+    cap = _points(rows, "cap_bytes")
     ooms = sorted(device.ooms, key=lambda o: o["t"])
     times = [t for pts in list(series.values()) + [cap] for t, _ in pts] + [o["t"] for o in ooms]
     t0 = min([0.0] + times)
@@ -159,7 +191,6 @@ def timeline_svg(run, device, svg_id):
                    f'</g>')
     out.append(f'<line class="cursor" x1="0" x2="0" y1="{MT}" y2="{MT + ph}" visibility="hidden"/>')
     out.append('</svg>')
-    rows = device.samples if device.samples else ([device.exit_row] if device.exit_row else [])
     data = {"plot": [ML, W - MR, t0, t1],
             "t": [r["t"] for r in rows],
             "reserved": [r.get("reserved_bytes") for r in rows],
@@ -257,10 +288,11 @@ def run_section(run, data):
             ("log", f"<code>{esc(run.path)}</code>")]
     when = fmt_unix(run.start_unix_s)
     meta.append(("ran", esc(fmt_duration(run.duration) + (f" from {when}" if when else "")
-                            + f", {len(run.samples)} samples")))
+                            + f", {fmt_count(len(run.samples))} samples")))
     meta.append(("ended", esc(run.ending)))
     if run.config_changes:
-        meta.append(("options", ", ".join(f"<code>{esc(k)}={esc(v)}</code> <span class=muted>({esc(s)})</span>"
+        meta.append(("options", ", ".join(f"<code>{esc(k)}={esc(v)}</code>"
+                                          + (f" <span class=muted>({esc(s)})</span>" if s else "")
                                           for k, v, s in run.config_changes)))
     ex = run.exit or {}
     if ex.get("events_dropped"):
@@ -287,8 +319,11 @@ def run_section(run, data):
                    f'<div class="side">{figures_table(d)}</div></div></div>')
 
     ooms = run.ooms_sorted
+    if ooms or run.oom_repeats:
+        repeats = (f' <span class="muted small">and {esc(fmt_count(run.oom_repeats))} more of the same situations, '
+                   'not logged again</span>') if run.oom_repeats else ""
+        out.append(f'<h3>Out-of-memory errors <span class="count">{len(ooms)}</span>{repeats}</h3>')
     if ooms:
-        out.append(f'<h3>Out-of-memory errors <span class="count">{len(ooms)}</span></h3>')
         rows = []
         for o in ooms:
             state = (f"reserved {fmt_bytes_or_none(o.get('reserved_bytes'))}, used {fmt_bytes_or_none(o.get('used_bytes'))}, "
@@ -358,6 +393,27 @@ def overview(report):
 
 def merged(report):
     out = ['<section class="merged" id="merged"><h2>All processes</h2>']
+    runs = report.runs
+    ooms = report.oom_counts()
+    leak_count = sum((r.leaks or {}).get("count", 0) for r in runs)
+    leak_bytes = sum((r.leaks or {}).get("bytes", 0) for r in runs)
+    no_exit = sum(1 for r in runs if r.exit is None)
+    repeats = sum(r.oom_repeats for r in runs)
+    totals = [
+        ("processes", f"{len(runs)} from {len(report.paths)} log{'s' if len(report.paths) != 1 else ''}"
+                      + (f"; {no_exit} without an exit record" if no_exit else "")),
+        ("hosts", ", ".join(sorted({r.host for r in runs if r.host})) or NONE),
+        ("ranks", ", ".join(sorted({r.rank for r in runs if r.rank is not None}, key=rank_key)) or NONE),
+        ("allocations", f"{fmt_count(report.total('allocs'))} pooled ({fmt_count(report.total('async_allocs'))} async), "
+                        f"{fmt_count(report.total('passthrough_allocs'))} passed through, "
+                        f"{fmt_count(report.total('fallback_allocs'))} fallback, "
+                        f"{fmt_count(report.total('failed_allocs'))} failed"),
+        ("out of memory", f"{sum(ooms.values())}" + (f" ({verdict_counts_text(ooms)})" if ooms else "")
+                          + (f", and {fmt_count(repeats)} repeats not logged" if repeats else "")),
+        ("leaks at exit", f"{fmt_count(leak_count)} allocations, {fmt_bytes(leak_bytes)}"),
+        ("warnings", str(sum(len(r.warnings) for r in runs))),
+    ]
+    out.append('<dl class="meta totals">' + "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in totals) + "</dl>")
     rows = []
     for run, d in report.device_rows():
         rows.append([esc(d.device), esc(run.rank if run.rank is not None else NONE), esc(run.host or NONE),
@@ -370,6 +426,26 @@ def merged(report):
     out.append(_table("merged-devices", ["device", "rank", "host", "pid", "peak reserved", "peak used",
                                          "peak requested", "final reserved", "live at end", "pooled", "OOMs"],
                       rows, numeric=(0, 3, 4, 5, 6, 7, 8, 9, 10)))
+    by_device = {}
+    for run, d in report.device_rows():
+        by_device.setdefault(d.device, []).append((run, d))
+    ranks = [r.rank for r in runs]
+    unique_ranks = None not in ranks and len(set(ranks)) == len(ranks)
+
+    def who(run):
+        return f"rank {run.rank}" if unique_ranks else f"pid {run.pid}"
+
+    rows = []
+    for dev, entries in sorted(by_device.items()):
+        peaks = [(d.peak("reserved_bytes") or 0, run) for run, d in entries]
+        high = max(peaks, key=lambda p: p[0])
+        low = min(peaks, key=lambda p: p[0])
+        rows.append([esc(dev), esc(len(entries)), esc(f"{fmt_bytes(high[0])} ({who(high[1])})"),
+                     esc(f"{fmt_bytes(low[0])} ({who(low[1])})"), esc(fmt_bytes(sum(p[0] for p in peaks))),
+                     esc(sum(len(d.ooms) for _, d in entries))])
+    out.append('<h3>Per device ordinal, over its processes</h3>')
+    out.append(_table("merged-ordinals", ["device", "processes", "highest peak reserved", "lowest peak reserved",
+                                          "sum of peaks", "OOMs"], rows, numeric=(0, 1, 2, 3, 4, 5)))
     sites = report.leak_sites()
     if sites:
         out.append('<h3>Leaks by call site, all processes</h3>')
@@ -491,16 +567,19 @@ ol.stack { margin: 4px 0 4px; padding-left: 22px; font-size: 12px; }
 ol.stack li { margin: 2px 0; } ol.stack code { overflow-wrap: anywhere; }
 ol.stack .module { display: block; color: var(--muted); font-size: 11.5px; overflow-wrap: anywhere; }
 .holders { margin-top: 8px; font-size: 12.5px; } .holders ul { margin: 2px 0 0; padding: 0; list-style: none; }
-.holders li { display: grid; grid-template-columns: 110px minmax(0, 1fr); gap: 8px; margin: 1px 0; }
+.holders li { display: grid; grid-template-columns: 92px minmax(0, 1fr); gap: 8px; margin: 1px 0; }
 .holders .amount { text-align: right; color: var(--muted); white-space: nowrap; }
 table.ooms { table-layout: fixed; }
 table.ooms th:nth-child(1) { width: 72px; } table.ooms th:nth-child(2) { width: 64px; }
-table.ooms th:nth-child(3) { width: 78px; } table.ooms th:nth-child(4) { width: 128px; }
-table.ooms th:nth-child(5) { width: 118px; } table.ooms th:nth-child(6) { width: 34%; }
+table.ooms th:nth-child(3) { width: 78px; } table.ooms th:nth-child(4) { width: 124px; }
+table.ooms th:nth-child(5) { width: 128px; } table.ooms th:nth-child(6) { width: 30%; }
 table.leaks th:nth-child(1), table.leaks th:nth-child(2) { width: 110px; }
 table.warnings th:nth-child(1) { width: 90px; }
 table.merged-leaks th:nth-child(-n+3), table.merged-ooms th:nth-child(-n+3) { width: 110px; }
 code.cmd { overflow-wrap: anywhere; }
+table.processes td { white-space: nowrap; } table.processes td:nth-child(4) { white-space: normal; }
+table.merged-devices td, table.merged-ordinals td { white-space: nowrap; }
+dl.totals { margin-bottom: 4px; }
 """
 
 SCRIPT = r"""

@@ -27,11 +27,12 @@ VERDICTS = ("exhausted", "cap", "fragmentation")
 
 
 def _is_int(v):
-    return isinstance(v, int) and not isinstance(v, bool)
+    return type(v) is int  # noqa: E721  (not bool, a subclass of int)
 
 
 def _is_num(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    t = type(v)
+    return t is int or (t is float and math.isfinite(v))
 
 
 _SCALARS = {
@@ -77,8 +78,8 @@ SPECS = {
         "pooled_allocs": "num", "events_dropped": "num", "devices": ("list", DEVICE_ROW),
         "leaks": ("obj", {"count": "num", "bytes": "num", "by_site": ("list", SITE_ROW),
                           "largest": ("list", {"device": "int", "bytes": "num", "age_s": "num",
-                                               "async": "bool", "site": "site"})}),
-        "paths": "obj", "notes": ("strs",),
+                                               "async": "bool", "stream": "num", "site": "site"})}),
+        "paths": "obj", "notes": ("strs",), "oom_repeats": "num",
     },
 }
 
@@ -128,9 +129,13 @@ def _check_object(value, spec, where):
     for name in spec.get("!required", ()):
         if value.get(name) is None:
             raise _Invalid(f"{where + '.' if where else ''}{name} is missing")
-    for name, kind in spec.items():
-        if name != "!required" and name in value:
-            _check(value[name], kind, f"{where + '.' if where else ''}{name}")
+    for name, item in value.items():
+        kind = spec.get(name)
+        if kind is None or item is None or name == "!required":
+            continue
+        if kind == "num" and _is_num(item):   # the common case, checked without a call
+            continue
+        _check(item, kind, f"{where + '.' if where else ''}{name}")
 
 
 def _check_record(record):
@@ -186,6 +191,12 @@ class Device:
         self.samples = []
         self.exit_row = None
         self.ooms = []
+        self._memo = {}
+
+    def _memoized(self, key, compute):
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     # The rows with figures, sample records first, the exit row last.
     @property
@@ -201,27 +212,34 @@ class Device:
     def last(self, field):
         return _num(self.final.get(field))
 
+    def _values(self, rows, field):
+        return [v for v in (r.get(field) for r in rows) if _is_num(v)]
+
     def peak(self, field):
         """Highest `field` or `field`_peak seen (peaks restart when a pool is re-created)."""
-        values = [_num(r.get(name)) for r in self.rows for name in (field + "_peak", field)]
-        values = [v for v in values if v is not None]
-        return max(values) if values else None
+        def compute():
+            rows = self.rows
+            values = self._values(rows, field + "_peak") + self._values(rows, field)
+            return max(values) if values else None
+        return self._memoized(("peak", field), compute)
 
     def counter(self, field):
         """A running total: its highest value seen (the final one unless the log is damaged)."""
-        values = [_num(r.get(field)) for r in self.rows]
-        values = [v for v in values if v is not None]
-        return max(values) if values else None
+        def compute():
+            values = self._values(self.rows, field)
+            return max(values) if values else None
+        return self._memoized(("counter", field), compute)
 
     def share(self, field):
         """(last, max, mean) of a 0..1 figure; mean over the sample records (the exit row only
         when there are none)."""
-        rows = self.samples or self.rows
-        values = [v for v in (_num(r.get(field)) for r in rows) if v is not None]
-        every = [v for v in (_num(r.get(field)) for r in self.rows) if v is not None]
-        if not every:
-            return (None, None, None)
-        return (self.last(field), max(every), sum(values) / len(values) if values else None)
+        def compute():
+            values = self._values(self.samples or self.rows, field)
+            every = self._values(self.rows, field)
+            if not every:
+                return (None, None, None)
+            return (self.last(field), max(every), sum(values) / len(values) if values else None)
+        return self._memoized(("share", field), compute)
 
     @property
     def cap(self):
@@ -313,8 +331,18 @@ class Run:
 
     @property
     def program(self):
-        """The command's program name (no path), or None."""
-        return os.path.basename(self.command_line[0]) if self.command_line else None
+        """The command's program name (no path; for an interpreter, with its script or module),
+        or None."""
+        if not self.command_line:
+            return None
+        name = os.path.basename(self.command_line[0])
+        rest = self.command_line[1:]
+        if name.startswith(("python", "pypy")) and rest:
+            if rest[0] == "-m" and len(rest) > 1:
+                return f"{name} -m {rest[1]}"
+            if not rest[0].startswith("-"):
+                return f"{name} {os.path.basename(rest[0])}"
+        return name
 
     @property
     def label(self):
@@ -335,12 +363,25 @@ class Run:
 
     @property
     def config_changes(self):
-        """(key, value, source) of the options not at their default."""
+        """(key, value, source) of the options not at their default; keys without a source
+        (per-device ones such as limit_1) are always listed, with source None."""
         start = self.start or {}
         config = start.get("config") or {}
         sources = start.get("config_sources") or {}
-        return [(k, str(v), str(sources.get(k))) for k, v in config.items()
-                if sources.get(k) not in (None, "default")]
+        out = []
+        for k, v in config.items():
+            v = str(v)
+            if sources.get(k) == "default" or (k not in sources and v in ("", "0")):
+                continue
+            if k.startswith("limit") and v.isdigit() and int(v) >= 1024:
+                v += f" ({poolshim_log.fmt_bytes(int(v))})"
+            out.append((k, v, sources.get(k)))
+        return out
+
+    @property
+    def oom_repeats(self):
+        """OOMs of an already reported situation, not written as records (exit record)."""
+        return _num((self.exit or {}).get("oom_repeats")) or 0
 
     # -- devices --
     @property
@@ -416,6 +457,13 @@ def group_runs(path, records):
     return runs
 
 
+def rank_key(rank):
+    """Sort key of a rank: numbers in numeric order, then other text, then none."""
+    if rank is None:
+        return (2, 0, "")
+    return (0, int(rank), "") if rank.lstrip("-").isdigit() else (1, 0, rank)
+
+
 def _merge_site_rows(rows_with_run):
     """[(run, {"site", "count", "bytes"})] -> [{"site", "count", "bytes", "runs"}] merged by call
     site, largest bytes first."""
@@ -445,11 +493,9 @@ class Report:
 
     def device_rows(self):
         """(run, device) of every device of every run, by device, then rank, host, pid."""
-        def rank_key(run):
-            r = run.rank
-            return (0, int(r), "") if r is not None and r.lstrip("-").isdigit() else (1, 0, r or "")
         rows = [(run, d) for run in self.runs for d in run.devices.values()]
-        return sorted(rows, key=lambda rd: (rd[1].device, rank_key(rd[0]), rd[0].host or "", rd[0].pid, rd[0].index))
+        return sorted(rows, key=lambda rd: (rd[1].device, rank_key(rd[0].rank), rd[0].host or "", rd[0].pid,
+                                            rd[0].index))
 
     def total(self, field):
         values = [run.total(field) for run in self.runs]

@@ -7,9 +7,9 @@ whole call stacks included.
 
 import textwrap
 
-from .fmt import (NONE, fmt_bytes, fmt_bytes_or_none, fmt_count, fmt_duration, fmt_pct, fmt_seconds, fmt_unix,
-                  frame_text, shorten_middle, site_text)
-from .model import verdict_counts_text
+from .fmt import (NONE, fmt_bytes, fmt_bytes_or_none, fmt_count, fmt_duration, fmt_pct, fmt_unix,
+                  frame_text, shorten_middle, site_key, site_text, site_texts)
+from .model import rank_key, verdict_counts_text
 
 WIDTH = 120            # site lines are cut, hints wrapped, to this width unless --full
 DEVICES_PER_TABLE = 4  # device columns side by side
@@ -92,15 +92,39 @@ def device_table(run, full):
     return lines
 
 
+def _grouped(allocations):
+    """Runs of allocations of the same size, kind, device and call site: [(count, first, ages)]."""
+    out = []
+    for a in allocations:
+        key = (a.get("bytes"), bool(a.get("async")), a.get("device"), site_key(a.get("site")))
+        if out and out[-1][0] == key:
+            out[-1][1].append(a)
+        else:
+            out.append((key, [a]))
+    return [(len(group), group[0], [g.get("age_s") for g in group]) for _, group in out]
+
+
+def _age_range(ages):
+    ages = [a for a in ages if a is not None]
+    if not ages:
+        return NONE
+    low, high = min(ages), max(ages)
+    return f"{low:.1f} s" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}-{high:.1f} s"
+
+
 def _oom_lines(run, full):
     lines = []
     ooms = run.ooms_sorted
     if not ooms:
+        if run.oom_repeats:
+            lines.append(f"  out of memory: {fmt_count(run.oom_repeats)} (repeats of situations not in this log)")
         return lines
     counts = {}
     for o in ooms:
         counts[o.get("verdict") or "unknown"] = counts.get(o.get("verdict") or "unknown", 0) + 1
-    lines.append(f"  out of memory: {len(ooms)} ({verdict_counts_text(counts)})")
+    repeats = run.oom_repeats
+    lines.append(f"  out of memory: {len(ooms)} ({verdict_counts_text(counts)})"
+                 + (f" + {fmt_count(repeats)} repeats not logged" if repeats else ""))
     shown = ooms if full else ooms[:SHORT_LIMITS["ooms"]]
     rows = []
     details = []
@@ -129,8 +153,8 @@ def _oom_lines(run, full):
             for entry in o.get("by_site") or []:
                 details.append(f"      live  {fmt_bytes_or_none(entry.get('bytes')):>10} in {fmt_count(entry.get('count')):>4} "
                                f"at {site_text(entry.get('site'), callers=1)}")
-            for big in o.get("largest") or []:
-                details.append(f"      large {fmt_bytes_or_none(big.get('bytes')):>10}, age {fmt_seconds(big.get('age_s'))}"
+            for n, big, ages in _grouped(o.get("largest") or []):
+                details.append(f"      large {n:>2} x {fmt_bytes_or_none(big.get('bytes')):>9}, age {_age_range(ages)}"
                                f"{', async' if big.get('async') else ''} at {site_text(big.get('site'), callers=1)}")
             hist = o.get("size_histogram") or {}
             if hist:
@@ -153,8 +177,8 @@ def _leak_lines(run, full):
     if sites:
         shown = sites if full else sites[:SHORT_LIMITS["leak_sites"]]
         rows = [["bytes", "count", "call site"]]
-        rows += [[fmt_bytes_or_none(s.get("bytes")), fmt_count(s.get("count")),
-                  site_text(s.get("site"), callers=1, width=None if full else WIDTH - 20)] for s in shown]
+        texts = site_texts([s.get("site") for s in shown], None if full else WIDTH - 20)
+        rows += [[fmt_bytes_or_none(s.get("bytes")), fmt_count(s.get("count")), t] for s, t in zip(shown, texts)]
         lines.extend(table(rows, "rrl", indent=4))
         _more(lines, len(shown), len(sites), "call sites", 4)
     elif leaks["largest"]:
@@ -162,9 +186,9 @@ def _leak_lines(run, full):
         lines.append(f"    largest {fmt_bytes_or_none(big.get('bytes'))} on device {big.get('device', '?')}, "
                      f"age {fmt_duration(big.get('age_s'))}")
     if full:
-        for big in leaks["largest"]:
-            lines.append(f"    large {fmt_bytes_or_none(big.get('bytes')):>10} on device {big.get('device', '?')}, "
-                         f"age {fmt_seconds(big.get('age_s'))}{', async' if big.get('async') else ''}"
+        for n, big, ages in _grouped(leaks["largest"]):
+            lines.append(f"    large {n:>2} x {fmt_bytes_or_none(big.get('bytes')):>9} on device {big.get('device', '?')}, "
+                         f"age {_age_range(ages)}{', async' if big.get('async') else ''}"
                          + (f" at {site_text(big.get('site'), callers=1)}" if 'site' in big else ""))
         for s in sites:
             if s.get("site"):
@@ -173,23 +197,30 @@ def _leak_lines(run, full):
     return lines
 
 
-def run_section(run, full=False):
+def run_section(run, full=False, several_logs=False):
     lines = []
     head = run.label
     if run.version:
         head += f", poolshim {run.version}"
+    if several_logs and not full:
+        head += f"  [log {run.path}]"
     lines.append(f"== {head}")
     meta = []
     meta.append(("command", _cut(run.command or "(no start record)", full)))
-    meta.append(("log", run.path))
+    if full:
+        meta.append(("log", run.path))
     when = fmt_unix(run.start_unix_s)
     samples = len(run.samples)
-    meta.append(("ran", f"{fmt_duration(run.duration)}" + (f" from {when}" if when else "")
-                 + f", {samples} sample{'s' if samples != 1 else ''}"))
-    meta.append(("ended", run.ending))
+    ran = f"{fmt_duration(run.duration)}" + (f" from {when}" if when else "") + \
+        f", {samples:,} sample{'s' if samples != 1 else ''}"
+    if run.exit is not None:
+        meta.append(("ran", ran + ", exited normally"))
+    else:
+        meta.append(("ran", ran))
+        meta.append(("ended", run.ending))
     changes = run.config_changes
     if changes:
-        text = ", ".join(f"{k}={v}" + (f" ({s})" if full else "") for k, v, s in changes)
+        text = ", ".join(f"{k}={v}" + (f" ({s})" if full and s else "") for k, v, s in changes)
         meta.append(("options", _cut(text, full)))
     names = []
     for d in run.devices.values():
@@ -234,18 +265,20 @@ def merged_section(report, full=False):
     runs = report.runs
     lines = [f"== merged: {len(runs)} processes from {len(report.paths)} log{'s' if len(report.paths) != 1 else ''}"]
     hosts = sorted({r.host for r in runs if r.host})
-    ranks = sorted({r.rank for r in runs if r.rank is not None}, key=lambda r: (not r.lstrip("-").isdigit(), int(r) if r.lstrip("-").isdigit() else 0, r))
+    ranks = sorted({r.rank for r in runs if r.rank is not None}, key=rank_key)
     ooms = report.oom_counts()
     leak_count = sum((r.leaks or {}).get("count", 0) for r in runs)
     leak_bytes = sum((r.leaks or {}).get("bytes", 0) for r in runs)
     no_exit = sum(1 for r in runs if r.exit is None)
+    repeats = sum(r.oom_repeats for r in runs)
     meta = [
         ("hosts", ", ".join(hosts) or NONE),
         ("ranks", ", ".join(ranks) or NONE),
         ("allocations", f"{fmt_count(report.total('allocs'))} pooled ({fmt_count(report.total('async_allocs'))} async), "
                         f"{fmt_count(report.total('passthrough_allocs'))} passed through, "
                         f"{fmt_count(report.total('fallback_allocs'))} fallback, {fmt_count(report.total('failed_allocs'))} failed"),
-        ("out of memory", f"{sum(ooms.values())}" + (f" ({verdict_counts_text(ooms)})" if ooms else "")),
+        ("out of memory", f"{sum(ooms.values())}" + (f" ({verdict_counts_text(ooms)})" if ooms else "")
+                          + (f", and {fmt_count(repeats)} repeats not logged" if repeats else "")),
         ("leaks at exit", f"{fmt_count(leak_count)} allocations, {fmt_bytes(leak_bytes)}"
                           + (f"; {no_exit} process{'es' if no_exit != 1 else ''} without an exit record" if no_exit else "")),
         ("warnings", str(sum(len(r.warnings) for r in runs))),
@@ -284,8 +317,8 @@ def merged_section(report, full=False):
         lines.append("  leaks by call site, all processes")
         shown = sites if full else sites[:SHORT_LIMITS["merged_sites"]]
         rows = [["bytes", "count", "processes", "call site"]]
-        rows += [[fmt_bytes(s["bytes"]), fmt_count(s["count"]), str(len(s["runs"])),
-                  site_text(s["site"], callers=1, width=None if full else WIDTH - 36)] for s in shown]
+        texts = site_texts([s["site"] for s in shown], None if full else WIDTH - 36)
+        rows += [[fmt_bytes(s["bytes"]), fmt_count(s["count"]), str(len(s["runs"])), t] for s, t in zip(shown, texts)]
         lines.extend(table(rows, "rrrl", indent=4))
         _more(lines, len(shown), len(sites), "call sites", 4)
     oom_sites = report.oom_sites()
@@ -294,8 +327,8 @@ def merged_section(report, full=False):
         lines.append("  out-of-memory errors by failing call site, all processes")
         shown = oom_sites if full else oom_sites[:SHORT_LIMITS["merged_sites"]]
         rows = [["OOMs", "requested", "processes", "call site"]]
-        rows += [[str(s["count"]), fmt_bytes(s["bytes"]), str(len(s["runs"])),
-                  site_text(s["site"], callers=1, width=None if full else WIDTH - 36)] for s in shown]
+        texts = site_texts([s["site"] for s in shown], None if full else WIDTH - 36)
+        rows += [[str(s["count"]), fmt_bytes(s["bytes"]), str(len(s["runs"])), t] for s, t in zip(shown, texts)]
         lines.extend(table(rows, "rrrl", indent=4))
         _more(lines, len(shown), len(oom_sites), "call sites", 4)
     return lines
@@ -306,7 +339,7 @@ def summary(report, full=False):
     for run in report.runs:
         if out:
             out.append("")
-        out.extend(run_section(run, full))
+        out.extend(run_section(run, full, several_logs=len(report.paths) > 1))
     if report.several:
         out.append("")
         out.extend(merged_section(report, full))

@@ -135,6 +135,102 @@ def case_capture_on_another_thread_matches_native(tmp):
     expect_equal(d["live_allocs"], 0, "live allocations at exit")
 
 
+def oom_case(tmp, mode, extra):
+    env = {"POOLSHIM_BACKTRACE": "8"}
+    env.update(extra)
+    shim = run([program("oom_cases"), mode], True, tmp, env)
+    expect_equal(shim.rc, 3, f"exit status\n{shim.describe()}")
+    records = one_log(tmp)
+    ooms = records_of(records, "oom")
+    expect_equal(len(ooms), 1, "oom records")
+    return shim, records, ooms[0]
+
+
+def top_function(site):
+    expect(site, "no call site recorded")
+    return site[0]["function"]
+
+
+@case
+def case_oom_verdict_exhausted(tmp):
+    shim, records, o = oom_case(tmp, "exhausted", {"CUDADOUBLE_MEM": "32M"})
+    expect_equal(shim.out, "allocation of 4194304 bytes failed after 8: cudaErrorMemoryAllocation\n", "output")
+    expect_equal(o["verdict"], "exhausted", "verdict")
+    expect_equal((o["request_bytes"], o["device_free"], o["device_total"]), (4 * MiB, 0, 32 * MiB), "request, free, total")
+    expect_equal((o["reserved_bytes"], o["used_bytes"], o["pool_unused_bytes"]), (32 * MiB, 32 * MiB, 0), "pool")
+    expect_equal((o["live_allocs"], o["live_bytes"]), (8, 32 * MiB), "live")
+    expect_equal(o["cap_bytes"], None, "cap")
+    expect_equal(o["size_histogram"], {str(4 * MiB): 8}, "histogram")
+    expect_equal(len(o["largest"]), 8, "largest")
+    expect_equal([l["bytes"] for l in o["largest"]], [4 * MiB] * 8, "largest sizes")
+    expect_equal(len(o["by_site"]), 1, "call-site groups")
+    expect_equal((o["by_site"][0]["count"], o["by_site"][0]["bytes"]), (8, 32 * MiB), "the group")
+    expect(top_function(o["by_site"][0]["site"]).startswith("(anonymous namespace)::allocate_layer"), o["by_site"][0])
+    expect(top_function(o["site"]).startswith("(anonymous namespace)::allocate_layer"), o["site"])
+    expect(o["site"][0]["module"].endswith("/programs/oom_cases"), o["site"][0])
+    expect("  verdict      exhausted" in shim.err, shim.err)
+    ex = records_of(records, "exit")[0]
+    expect_equal((ex["leaks"]["count"], ex["leaks"]["bytes"]), (8, 32 * MiB), "leaks at exit")
+    expect(top_function(ex["leaks"]["by_site"][0]["site"]).startswith("(anonymous namespace)::allocate_layer"),
+           ex["leaks"]["by_site"])
+
+
+@case
+def case_oom_verdict_fragmentation(tmp):
+    shim, records, o = oom_case(tmp, "fragmentation", {"CUDADOUBLE_MEM": "32M"})
+    expect_equal(o["verdict"], "fragmentation", "verdict")
+    expect_equal((o["request_bytes"], o["device_free"]), (2 * MiB, 0), "request, free")
+    expect_equal((o["reserved_bytes"], o["used_bytes"], o["pool_unused_bytes"]), (32 * MiB, 24 * MiB, 8 * MiB), "pool")
+    expect_equal(o["retried"], True, "retried")
+    expect_equal(records_of(records, "exit")[0]["devices"][0]["oom_with_slack"], 1, "oom_with_slack")
+    expect_equal(o["size_histogram"], {str(2 * MiB): 8}, "histogram (3 MiB blocks)")
+    expect("not in one piece of 2.0 MiB even after a trim" in o["hint"], o["hint"])
+
+
+@case
+def case_oom_verdict_cap(tmp):
+    shim, records, o = oom_case(tmp, "cap", {"POOLSHIM_LIMIT": "16M"})
+    expect("meminfo: free 4 MiB of 16 MiB" in shim.out, shim.out)  # the cap as total, headroom as free
+    expect_equal(o["verdict"], "cap", "verdict")
+    expect_equal((o["request_bytes"], o["cap_bytes"], o["used_bytes"]), (6 * MiB, 16 * MiB, 12 * MiB), "request, cap, used")
+    expect_equal(o["device_total"], 1 << 30, "device total (the real device)")
+    expect(o["hint"].startswith("the cap (POOLSHIM_LIMIT, 16.0 MiB) leaves 4.0 MiB for a request of 6.0 MiB"), o["hint"])
+    sample = records_of(records, "exit")[0]["devices"][0]
+    expect_equal(sample["cap_bytes"], 16 * MiB, "cap in the exit record")
+    expect_equal(sample["reserved_bytes_peak"] <= 16 * MiB, True, "the pool never passed its cap")
+
+
+@case
+def case_oom_repeats_are_reported_once(tmp):
+    # A retry loop: the same failing allocation again and again gives one record.
+    env = {"POOLSHIM_LIMIT": "8M", "POOLSHIM_BACKTRACE": "4"}
+    shim = run([program("oom_cases"), "retry"], True, tmp, env)
+    expect_equal(shim.rc, 3, "exit status")
+    expect_equal(shim.out.count("failed"), 5, "failed attempts")
+    expect_equal(shim.err.count("poolshim: out of memory"), 1, "blocks on stderr")
+    records = one_log(tmp)
+    expect_equal(len(records_of(records, "oom")), 1, "oom records")
+    ex = records_of(records, "exit")[0]
+    expect_equal(ex["oom_repeats"], 4, "repeats not written again")
+    expect_equal(ex["devices"][0]["ooms"], 5, "ooms counted")
+
+
+@case
+def case_prometheus_file(tmp):
+    prom = os.path.join(tmp, "poolshim-%p.prom")
+    shim = run([program("demo"), "5", str(1 << 16)], True, tmp, {"POOLSHIM_PROM_FILE": prom, "POOLSHIM_SAMPLE_MS": "5"})
+    expect_equal(shim.rc, 0, "exit status")
+    files = [f for f in os.listdir(tmp) if f.endswith(".prom")]
+    expect_equal(len(files), 1, f"prometheus files: {os.listdir(tmp)}")
+    text = open(os.path.join(tmp, files[0])).read()
+    pid = files[0].split("-")[1].split(".")[0]
+    for line in ("# TYPE poolshim_reserved_bytes gauge", "# TYPE poolshim_allocations_total counter",
+                 f'poolshim_allocations_total{{pid="{pid}",host="{socket.gethostname()}",rank="0",device="0"}} 36',
+                 f'poolshim_live_allocations{{pid="{pid}",host="{socket.gethostname()}",rank="0",device="0"}} 1'):
+        expect(line in text, f"missing {line!r} in\n{text}")
+    expect(not [f for f in os.listdir(tmp) if ".tmp." in f], "a temporary file was left behind")
+
+
 @case
 def case_churn_sync_counted_once(tmp):
     churn_case(tmp, "churn", "sync")
@@ -169,7 +265,9 @@ def case_oom_exit_status_and_record(tmp):
     native, shim = differential([program("oom_exit")], tmp)
     expect_equal(shim.rc, 3, "exit status")
     expect_equal(shim.out, "allocation failed: cudaErrorMemoryAllocation\n", "output")
-    expect("poolshim: out of memory on device 0: 2.0 GiB requested" in shim.err, shim.err)
+    for piece in ("poolshim: out of memory on device 0 (poolshim CPU test double, device 0)",
+                  "  request      2.0 GiB by cudaMalloc", "  verdict      exhausted"):
+        expect(piece in shim.err, f"missing {piece!r} in\n{shim.err}")
     ooms = records_of(one_log(tmp), "oom")
     expect_equal(len(ooms), 1, "oom records")
     o = ooms[0]
@@ -403,12 +501,13 @@ def case_launcher_summary_and_status(tmp):
     launcher = os.path.join(ROOT, "scripts", "poolshim")
     env = base_env({"POOLSHIM_LIBRARY": os.path.join(BUILD, "libpoolshim.so")})
     log = os.path.join(tmp, "log-%p.jsonl")
-    done = subprocess.run([launcher, "--log", log, "--", program("demo"), "10", str(1 << 16)], env=env,
+    done = subprocess.run([launcher, "--log", log, "--conf", "backtrace=6", "--", program("demo"), "10", str(1 << 16)], env=env,
                           capture_output=True, text=True, timeout=60)
     expect_equal(done.returncode, 0, f"exit status\n{done.stderr}")
     expect("demo: 10 steps" in done.stdout, done.stdout)
     for piece in ("71 allocations pooled (0 async), 70 freed", "leaks at exit: 1 allocation, 3.0 MiB",
-                  "peak reserved", "fragmentation: pool slack"):
+                  "peak reserved", "fragmentation: pool slack",
+                  "leaked from: 1 allocation, 3.0 MiB, main"):
         expect(piece in done.stderr, f"missing {piece!r} in\n{done.stderr}")
     failed = subprocess.run([launcher, "--log", log, "--", program("oom_exit")], env=env, capture_output=True,
                             text=True, timeout=60)

@@ -6,7 +6,9 @@ changing it, and update the figures test_report.py expects).
 
 The records have the shape of README.md "The log" (schema 1) with the fields being added:
 `cap_bytes` in samples, exit devices and OOMs; OOM `verdict` exhausted/cap/fragmentation,
-`site`, `largest`, `by_site`, `size_histogram`; exit `leaks.by_site`. old_shape.jsonl and
+`site`, `largest`, `by_site`, `size_histogram`; exit `leaks.by_site` (and `stream`, `site` in
+`leaks.largest`) and `oom_repeats`; per-device limits as `limit_<device>` in the start record's
+`config` (with no `config_sources` entry). old_shape.jsonl and
 old_shape_oom.jsonl are real logs of the library before those fields (the bundled demo, and
 tests/programs/oom_exit, over the CPU test double) and are not written here.
 """
@@ -23,12 +25,12 @@ GiB = 1024 * MiB
 H200_TOTAL = 150_102_114_304  # 139.8 GiB
 
 CONFIG_KEYS = ["enable", "log", "sample_ms", "release_threshold", "idle_trim_ms", "reuse_follow_event_deps",
-               "reuse_opportunistic", "reuse_internal_deps", "free", "oom_retry", "verbose", "strict", "cap",
-               "backtrace"]
+               "reuse_opportunistic", "reuse_internal_deps", "free", "oom_retry", "limit", "backtrace", "prom_file",
+               "verbose", "strict"]
 CONFIG_DEFAULTS = {"enable": "1", "log": "poolshim-%p.jsonl", "sample_ms": "1000", "release_threshold": "0",
                    "idle_trim_ms": "5000", "reuse_follow_event_deps": "1", "reuse_opportunistic": "1",
-                   "reuse_internal_deps": "1", "free": "sync", "oom_retry": "1", "verbose": "0", "strict": "0",
-                   "cap": "0", "backtrace": "0"}
+                   "reuse_internal_deps": "0", "free": "sync", "oom_retry": "1", "limit": "0", "backtrace": "0",
+                   "prom_file": "", "verbose": "0", "strict": "0"}
 
 # ---- call sites ----------------------------------------------------------------------------
 
@@ -198,9 +200,10 @@ class Proc:
 
     def start(self, t, visible=None):
         visible = visible if visible is not None else sorted(self.devices)
+        extra = {k: v for k, v in self.config.items() if k not in CONFIG_KEYS}   # limit_<device>
         return self.rec("start", t, version=self.version, host=self.host, rank=self.rank,
                         start_unix_s=self.start_unix_s, log=self.log, command_line=self.command,
-                        config={k: self.config[k] for k in CONFIG_KEYS},
+                        config=dict({k: self.config[k] for k in CONFIG_KEYS}, **extra),
                         config_sources={k: self.sources[k] for k in CONFIG_KEYS},
                         devices=[{"device": d, "name": "NVIDIA H200", "total_bytes": H200_TOTAL} for d in visible])
 
@@ -225,20 +228,22 @@ class Proc:
                      released_bytes=released, live_bytes=d.requested, live_allocs=len(d.live), retried=retried,
                      verdict=verdict, hint=hint)
         if d.new_fields:
-            r.update(cap_bytes=d.cap, site=site, largest=largest, by_site=by_site,
-                     size_histogram=histogram(d.live))
+            r.update(cap_bytes=d.cap, site=site, largest=[dict({"device": device}, **a) for a in largest],
+                     by_site=by_site, size_histogram=histogram(d.live))
         return r
 
-    def exit(self, t, leaks, by_site, notes=(), paths=None, events_dropped=0):
+    def exit(self, t, leaks, by_site, notes=(), paths=None, events_dropped=0, oom_repeats=0):
         for d in self.devices.values():
             self.sample(t - 0.004, d.device)
         rows = [d.row() for d in self.devices.values()]
+        leaks = [dict({"device": l["device"], "bytes": l["bytes"], "age_s": l["age_s"], "async": l["async"],
+                       "stream": l.get("stream", 0)}, site=l.get("site")) for l in leaks]
         leak_obj = {"count": len(leaks), "bytes": sum(l["bytes"] for l in leaks),
                     "largest": sorted(leaks, key=lambda l: -l["bytes"])[:10]}
         if by_site is not None:
             leak_obj["by_site"] = by_site
         return self.rec("exit", t, pooled_allocs=sum(d.c["allocs"] for d in self.devices.values()), devices=rows,
-                        leaks=leak_obj, events_dropped=events_dropped,
+                        leaks=leak_obj, events_dropped=events_dropped, oom_repeats=oom_repeats,
                         paths=paths or {"runtime_hooks": sum(d.c["allocs"] + d.c["frees"] for d in self.devices.values()),
                                         "driver_hooks": 0, "dlsym": 1, "cuGetProcAddress": 19},
                         notes=list(notes))
@@ -317,8 +322,8 @@ def ooms():
     d0, d1 = Dev(0, cap=cap), Dev(1)
     d1.other_process_bytes = 120 * GiB                         # another job holds most of device 1
     p = Proc(5151, "gpu-node-03", "0", ["/opt/solver/bin/solver", "--grid", "4096", "--steps", "40"], 1796301000,
-             config={"cap": "0:6G", "backtrace": "16", "sample_ms": "250"},
-             sources={"cap": "environment", "backtrace": "environment", "sample_ms": "environment"},
+             config={"limit_0": str(6 * GiB), "backtrace": "16", "sample_ms": "250"},
+             sources={"backtrace": "environment", "sample_ms": "environment"},
              devices=[d0, d1])
     p.start(0.004)
     fields = [512 * MiB] * 4
@@ -356,8 +361,9 @@ def ooms():
                       [{"bytes": 256 * MiB, "age_s": round(2.9 - 0.25 * k, 2), "async": False, "stream": 0,
                         "site": SITE_HALO} for k in range(6)]
             oom_cap = p.oom(3.137, 0, 1536 * MiB, "cudaMalloc", "cap",
-                            f"the request (1.5 GiB) would take the pool past its cap (6.0 GiB; {d0.reserved / GiB:.1f} GiB "
-                            "reserved): raise POOLSHIM_CAP or free buffers earlier",
+                            f"the cap (POOLSHIM_LIMIT, 6.0 GiB) leaves {(cap - d0.used) / MiB:.1f} MiB for a request of "
+                            "1.5 GiB: this is the out-of-memory a device of that size would give; raise or unset the cap "
+                            "to go on",
                             SITE_HALO, largest, by_site([(SITE_HALO, halo), (SITE_FIELDS, fields)]))
         if i == 22:                                            # t = 5.5 .. 5.75: fragmentation
             scratch = [320 * MiB, 96 * MiB, 96 * MiB]
@@ -384,13 +390,13 @@ def ooms():
                             f"the device is full ({d1.requested / GiB:.1f} GiB live in {len(d1.live)} pooled "
                             "allocations): reduce the working set or free buffers earlier",
                             SITE_RESTART, largest, by_site([(SITE_RESTART, d1.live)]))
-    p.warning(3.138, "device 0: the pool reached its cap (6.0 GiB): allocations beyond it fail")
+    p.warning(3.138, "device 0: the pool reached its cap (POOLSHIM_LIMIT_0, 6.0 GiB): allocations beyond it fail")
     # Leaks: the fields and two halo buffers on device 0, nothing on device 1.
     d1.set(d1.reserved, 0, [], churn=0)
     d0.set(cap, 2 * GiB + 512 * MiB + 2 * MiB, fields + [256 * MiB] * 2, churn=0)
     leaks = [{"device": 0, "bytes": 512 * MiB, "age_s": 8.3, "async": False, "site": SITE_FIELDS} for _ in range(4)] + \
             [{"device": 0, "bytes": 256 * MiB, "age_s": 6.0, "async": False, "site": SITE_HALO} for _ in range(2)]
-    p.exit(8.41, leaks, by_site([(SITE_FIELDS, fields), (SITE_HALO, [256 * MiB] * 2)]))
+    p.exit(8.41, leaks, by_site([(SITE_FIELDS, fields), (SITE_HALO, [256 * MiB] * 2)]), oom_repeats=4)
     assert oom_cap and oom_frag and oom_exh
     # The warning was written at its time: keep records in the order of t within the file's
     # writer, as the library's background thread does (it writes in event order).

@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <string>
+#include <type_traits>
 
 #include "cuda_api.h"
 #include "cudadouble.h"
@@ -65,17 +66,30 @@ class DriverDouble {
   unsigned long long (*calls_)(const char*) = nullptr;
 };
 
-/// Router::allocate_sync with the pointer as a void* (nullptr when the real function ran).
-inline void* sync_alloc(Router& router, int device, std::size_t bytes, Fallback real) {
-  CUdeviceptr p = 0;
-  return router.allocate_sync(device, bytes, &p, real) ? reinterpret_cast<void*>(p) : nullptr;
+/// Calls a stand-in for the real allocation function, with the size asked when it takes one.
+template <typename F>
+RealResult call_real(F& real, std::size_t bytes) {
+  if constexpr (std::is_invocable_v<F&, std::size_t>) {
+    return real(bytes);
+  } else {
+    return real();
+  }
 }
 
-inline void* async_alloc(Router& router, int device, std::size_t bytes, CUstream stream,
-                         Fallback real) {
+/// Router::allocate_sync with the pointer as a void* (nullptr when the real function ran).
+template <typename F>
+void* sync_alloc(Router& router, int device, std::size_t bytes, F&& real) {
   CUdeviceptr p = 0;
-  return router.allocate_async(device, bytes, stream, &p, real) ? reinterpret_cast<void*>(p)
-                                                                : nullptr;
+  auto adapt = [&](std::size_t n) { return call_real(real, n); };
+  return router.allocate_sync(device, bytes, &p, adapt) ? reinterpret_cast<void*>(p) : nullptr;
+}
+
+template <typename F>
+void* async_alloc(Router& router, int device, std::size_t bytes, CUstream stream, F&& real) {
+  CUdeviceptr p = 0;
+  auto adapt = [&](std::size_t n) { return call_real(real, n); };
+  return router.allocate_async(device, bytes, stream, &p, adapt) ? reinterpret_cast<void*>(p)
+                                                                 : nullptr;
 }
 
 }  // namespace poolshim::testing

@@ -63,7 +63,8 @@ TEST_CASE("README: the option table lists every option with the code's default a
     REQUIRE(rows[i].size() == 4);
     CHECK(unquote(rows[i][0]) == env_name(table[i].name));
     CHECK(unquote(rows[i][1]) == table[i].name);
-    CHECK(unquote(rows[i][2]) == table[i].default_text);
+    const std::string shown = unquote(rows[i][2]);
+    CHECK((shown == "(empty)" ? std::string() : shown) == table[i].default_text);
     CHECK(rows[i][3] == table[i].meaning);
   }
 }

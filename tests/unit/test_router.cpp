@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "driver_double.h"
+#include "records.h"
 #include "router.h"
 
 using namespace poolshim;
@@ -18,9 +19,14 @@ namespace {
 struct RealStub {
   RealResult result = RealResult::success;
   int calls = 0;
+  std::size_t last_request = 0;
   RealResult operator()() {
     ++calls;
     return result;
+  }
+  RealResult operator()(std::size_t bytes) {
+    last_request = bytes;
+    return (*this)();
   }
 };
 
@@ -575,4 +581,48 @@ TEST_CASE("router: peer access opens the peer's pool, also one made afterwards")
   CHECK(d.calls("cuMemPoolSetAccess") == 2);
   CHECK(peers.accessors(0) == std::vector<int>{1});
   CHECK(drain(events).empty());
+}
+
+TEST_CASE("router: a capped pool refuses growth past the cap with the native error") {
+  DriverDouble d(1, 64 * MiB);
+  Config config = test_config();
+  config.limit = *parse_size("16M", true);
+  EventQueue events;
+  Router router(d.api, config, events);
+  RealStub ok;
+  for (int i = 0; i < 3; ++i) CHECK(sync_alloc(router, 0, 4 * MiB, ok) != nullptr);  // 12 MiB
+  std::size_t free = 60 * MiB;
+  std::size_t total = 64 * MiB;
+  router.adjust_memory_info(0, &free, &total);
+  CHECK(total == 16 * MiB);  // the application sees a device of the cap's size
+  CHECK(free == 4 * MiB);    // and the cap's headroom as free
+  RealStub refused{RealResult::out_of_memory};
+  CHECK(sync_alloc(router, 0, 6 * MiB, refused) == nullptr);
+  CHECK(refused.calls == 1);
+  CHECK(refused.last_request == kRefusedRequest);  // the real function must not allocate it
+  const DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.stats.ooms == 1);
+  CHECK(s.pool.reserved == 12 * MiB);
+  CHECK(d.device(0).consumption == 12 * MiB);
+  const auto e = drain(events);
+  REQUIRE(e.size() == 1);
+  CHECK(e[0].oom.cap == 16 * MiB);
+  CHECK(e[0].oom.request == 6 * MiB);
+  CHECK(e[0].oom.used == 12 * MiB);
+  CHECK(std::string(oom_verdict(e[0].oom)) == "cap");
+}
+
+TEST_CASE("router: POOLSHIM_LIMIT_<device> caps that device only") {
+  DriverDouble d(2, 64 * MiB);
+  const ParsedConfig parsed = parse_config({"POOLSHIM_LIMIT_1=8M"});
+  REQUIRE(parsed.warnings.empty());
+  EventQueue events;
+  Router router(d.api, parsed.config, events);
+  RealStub ok;
+  d.make_current(0);
+  CHECK(sync_alloc(router, 0, 10 * MiB, ok) != nullptr);
+  d.make_current(1);
+  RealStub refused{RealResult::out_of_memory};
+  CHECK(sync_alloc(router, 1, 10 * MiB, refused) == nullptr);
+  CHECK(refused.last_request == kRefusedRequest);
 }

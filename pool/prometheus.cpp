@@ -1,0 +1,104 @@
+#include "prometheus.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+
+namespace poolshim {
+
+namespace {
+
+// Label values escape backslash, double quote and newline.
+std::string label_value(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+struct Metric {
+  const char* name;
+  const char* type;  // gauge or counter
+  const char* help;
+};
+
+}  // namespace
+
+std::string prometheus_text(const std::vector<DeviceSnapshot>& devices, const ProcessInfo& info) {
+  std::string out;
+  auto family = [&](const Metric& m, auto value_of) {
+    out += std::string("# HELP ") + m.name + " " + m.help + "\n";
+    out += std::string("# TYPE ") + m.name + " " + m.type + "\n";
+    for (const auto& d : devices) {
+      char value[64];
+      std::snprintf(value, sizeof value, "%.17g", static_cast<double>(value_of(d)));
+      out += std::string(m.name) + "{pid=\"" + std::to_string(info.pid) + "\",host=\"" +
+             label_value(info.host) + "\",rank=\"" + label_value(info.rank) + "\",device=\"" +
+             std::to_string(d.device) + "\"} " + value + "\n";
+    }
+  };
+  family({"poolshim_reserved_bytes", "gauge", "Memory the pool holds from the driver."},
+         [](const DeviceSnapshot& d) { return d.pool.reserved; });
+  family({"poolshim_used_bytes", "gauge", "Memory of the pool handed out."},
+         [](const DeviceSnapshot& d) { return d.pool.used; });
+  family({"poolshim_requested_bytes", "gauge", "Bytes the application asked for, live."},
+         [](const DeviceSnapshot& d) { return d.stats.requested_bytes.current; });
+  family({"poolshim_live_allocations", "gauge", "Live pooled allocations."},
+         [](const DeviceSnapshot& d) { return d.stats.live_allocs.current; });
+  family({"poolshim_cap_bytes", "gauge", "The pool's cap (POOLSHIM_LIMIT), 0 when none."},
+         [](const DeviceSnapshot& d) { return d.cap; });
+  family({"poolshim_device_free_bytes", "gauge", "Device memory free as the driver sees it."},
+         [](const DeviceSnapshot& d) { return d.device_free; });
+  family({"poolshim_device_total_bytes", "gauge", "Device memory in all."},
+         [](const DeviceSnapshot& d) { return d.device_total; });
+  family({"poolshim_pool_slack_ratio", "gauge", "1 - used / reserved."},
+         [](const DeviceSnapshot& d) { return pool_slack(d.pool); });
+  family({"poolshim_allocations_total", "counter", "Allocations served from the pool."},
+         [](const DeviceSnapshot& d) { return d.stats.allocs; });
+  family({"poolshim_frees_total", "counter", "Pooled blocks given back."},
+         [](const DeviceSnapshot& d) { return d.stats.frees; });
+  family({"poolshim_passthrough_allocations_total", "counter",
+          "Allocation calls passed to the real function."},
+         [](const DeviceSnapshot& d) { return d.stats.passthrough_allocs; });
+  family({"poolshim_oom_total", "counter", "Out-of-memory errors returned to the application."},
+         [](const DeviceSnapshot& d) { return d.stats.ooms; });
+  return out;
+}
+
+std::string write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string temporary = path + ".tmp." + std::to_string(getpid());
+  const int fd =
+      ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return "cannot write " + temporary + ": " + strerror(errno);
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = strerror(errno);
+      ::close(fd);
+      ::unlink(temporary.c_str());
+      return "cannot write " + temporary + ": " + why;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  if (::rename(temporary.c_str(), path.c_str()) != 0) {
+    const std::string why = strerror(errno);
+    ::unlink(temporary.c_str());
+    return "cannot rename " + temporary + " to " + path + ": " + why;
+  }
+  return {};
+}
+
+}  // namespace poolshim

@@ -1,0 +1,127 @@
+"""Chrome trace-event JSON ("JSON Object Format") for ui.perfetto.dev and chrome://tracing.
+
+One trace process per run (its pid, or a stand-in when two runs share a pid), named by pid,
+rank, host and command. Per device, counter events ("ph": "C") named "device D reserved",
+"device D used", "device D requested" and "device D cap", each with one numeric arg "bytes"
+(Perfetto shows a track per name and arg: "device 0 reserved bytes"), and "device D pool
+slack" with arg "percent". OOMs and warnings are instant events ("ph": "i", process scope)
+with their details in args; the start and the exit of a run are instant events too.
+Timestamps are microseconds: the run's `t`, shifted by its start time relative to the earliest
+run with --align wall (the default), or not shifted with --align zero; never negative.
+"""
+
+import json
+
+from .fmt import fmt_bytes, fmt_bytes_or_none, shorten_middle, site_text
+
+TID = 1
+
+
+def _clean(args):
+    """Args without null values (a trace viewer shows nothing useful for them)."""
+    return {k: v for k, v in args.items() if v is not None}
+
+
+def _us(seconds):
+    return round(seconds * 1e6, 3)
+
+
+def trace(report, align="wall"):
+    events = []
+    used_pids = set()
+    starts = [r.start_unix_s for r in report.runs]
+    wall = align == "wall" and all(s is not None for s in starts)
+    base = min(starts) if wall else 0
+    # Each run's offset so that its earliest t lands at >= 0.
+    for order, run in enumerate(report.runs):
+        pid = run.pid
+        while pid in used_pids:
+            pid += 10_000_000          # two runs with one pid (pid reuse, or another host)
+        used_pids.add(pid)
+        offset = (run.start_unix_s - base) if wall else 0.0
+        if (run.t_min or 0.0) + offset < 0:
+            offset = -run.t_min
+
+        def ts(t, offset=offset):
+            return max(_us(t + offset), 0.0)
+
+        name = f"pid {run.pid}"
+        if run.rank is not None:
+            name += f" rank {run.rank}"
+        if run.host:
+            name += f" @{run.host}"
+        if run.command:
+            name += ": " + shorten_middle(run.command, 80)
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "ts": 0, "args": {"name": name}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "ts": 0,
+                       "args": {"sort_index": order}})
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": TID, "ts": 0,
+                       "args": {"name": "poolshim events"}})
+        if run.start is not None:
+            events.append({"ph": "i", "s": "p", "name": "start", "cat": "poolshim", "pid": pid, "tid": TID,
+                           "ts": ts(run.start["t"]),
+                           "args": {"pid": run.pid, "host": run.host, "rank": run.rank, "command": run.command,
+                                    "poolshim": run.version, "log": run.path}})
+        for d in run.devices.values():
+            rows = d.samples if d.samples else ([d.exit_row] if d.exit_row else [])
+            # A counter is a step function: a sample repeating the value before it adds
+            # nothing but size (the last sample is always kept, to mark where the run ends).
+            last = {}
+            for i, r in enumerate(rows):
+                for label, field, arg, scale in (("reserved", "reserved_bytes", "bytes", None),
+                                                 ("used", "used_bytes", "bytes", None),
+                                                 ("requested", "requested_bytes", "bytes", None),
+                                                 ("cap", "cap_bytes", "bytes", None),
+                                                 ("pool slack", "pool_slack", "percent", 100)):
+                    v = r.get(field)
+                    if not isinstance(v, (int, float)) or isinstance(v, bool):
+                        continue
+                    if scale:
+                        v = round(scale * v, 3)
+                    if last.get(label) == v and i != len(rows) - 1:
+                        continue
+                    last[label] = v
+                    events.append({"ph": "C", "name": f"device {d.device} {label}", "cat": "poolshim",
+                                   "pid": pid, "tid": TID, "ts": ts(r["t"]), "args": {arg: v}})
+        for o in run.ooms_sorted:
+            args = {"device": o["device"], "request": fmt_bytes_or_none(o.get("request_bytes")),
+                    "request_bytes": o.get("request_bytes"), "api": o.get("api"), "verdict": o.get("verdict"),
+                    "hint": o.get("hint"), "reserved": fmt_bytes_or_none(o.get("reserved_bytes")),
+                    "used": fmt_bytes_or_none(o.get("used_bytes")),
+                    "device_free": fmt_bytes_or_none(o.get("device_free"))}
+            if o.get("cap_bytes") is not None:
+                args["cap"] = fmt_bytes(o["cap_bytes"])
+            if "site" in o:
+                args["site"] = site_text(o.get("site"), callers=3)
+            if o.get("by_site"):
+                args["live_by_site"] = [f"{fmt_bytes_or_none(s.get('bytes'))} in {s.get('count')}: "
+                                        f"{site_text(s.get('site'), callers=1)}" for s in o["by_site"][:5]]
+            events.append({"ph": "i", "s": "p", "name": f"OOM device {o['device']} "
+                                                        f"{fmt_bytes_or_none(o.get('request_bytes'))} ({o.get('verdict') or '?'})",
+                           "cat": "oom", "pid": pid, "tid": TID, "ts": ts(o["t"]), "args": args})
+        for w in run.warnings:
+            events.append({"ph": "i", "s": "p", "name": "warning", "cat": "warning", "pid": pid, "tid": TID,
+                           "ts": ts(w["t"]), "args": {"message": w.get("message")}})
+        if run.exit is not None:
+            leaks = run.leaks
+            args = {"leaked_allocations": leaks["count"], "leaked": fmt_bytes(leaks["bytes"]),
+                    "oom_repeats": run.oom_repeats or None}
+            if leaks["by_site"]:
+                args["leaks_by_site"] = [f"{fmt_bytes_or_none(s.get('bytes'))} in {s.get('count')}: "
+                                         f"{site_text(s.get('site'), callers=1)}" for s in leaks["by_site"][:10]]
+            events.append({"ph": "i", "s": "p", "name": "exit", "cat": "poolshim", "pid": pid, "tid": TID,
+                           "ts": ts(run.exit["t"]), "args": args})
+    for e in events:
+        if "args" in e:
+            e["args"] = _clean(e["args"])
+    # Metadata first; the rest in the order written (per run: start, counters by device, OOMs,
+    # warnings, exit). Trace viewers sort events by time themselves.
+    meta_first = [e for e in events if e["ph"] == "M"]
+    rest = [e for e in events if e["ph"] != "M"]
+    return {"traceEvents": meta_first + rest, "displayTimeUnit": "ms",
+            "otherData": {"generator": "poolshim-report", "logs": list(report.paths),
+                          "time_axis": "wall" if wall else "zero"}}
+
+
+def dumps(report, align="wall"):
+    return json.dumps(trace(report, align), separators=(",", ":"), allow_nan=False) + "\n"

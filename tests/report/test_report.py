@@ -1,0 +1,721 @@
+#!/usr/bin/env python3
+"""Tests of scripts/poolshim-report (standard library only).
+
+    python3 tests/report/test_report.py          # from the repository root (or anywhere)
+    python3 tests/report/test_report.py -v
+
+The fixtures are in tests/report/fixtures: synthetic logs written by make_fixtures.py (the
+figures below follow from it), and two real logs of the library before the new fields
+(old_shape*.jsonl). The Chromium test is skipped, saying so, when neither `chromium` nor
+`chromium-browser` is on PATH.
+"""
+
+import html.parser
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SCRIPTS = os.path.join(ROOT, "scripts")
+TOOL = os.path.join(SCRIPTS, "poolshim-report")
+FIXTURES = os.path.join(HERE, "fixtures")
+sys.path.insert(0, SCRIPTS)
+
+from poolshim_report import fmt, model  # noqa: E402
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+def fixture(name):
+    return os.path.join(FIXTURES, name)
+
+
+def run_tool(*args, timeout=120):
+    return subprocess.run([sys.executable, TOOL] + [str(a) for a in args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def sections(output):
+    """{header line: [lines]} of the summary's sections, in order (a list of pairs)."""
+    out = []
+    for line in output.splitlines():
+        if line.startswith("== "):
+            out.append((line, []))
+        elif out:
+            out[-1][1].append(line)
+    return out
+
+
+def cells(lines, label):
+    """The cells (split at two or more spaces) of the first table row whose first cell is `label`."""
+    for line in lines:
+        parts = re.split(r"\s{2,}", line.strip())
+        if parts and parts[0] == label:
+            return parts[1:]
+    raise AssertionError(f"no row {label!r} in:\n" + "\n".join(lines))
+
+
+def write_temp(testcase, name, text, mode="w"):
+    folder = tempfile.mkdtemp(prefix="poolshim-report-test-")
+    testcase.addCleanup(shutil.rmtree, folder, True)
+    path = os.path.join(folder, name)
+    with open(path, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as f:
+        f.write(text)
+    return path
+
+
+def open_text(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def lines_of(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+# ---- the terminal summary ------------------------------------------------------------------
+
+
+class Summary(unittest.TestCase):
+    def summary(self, *names, full=False):
+        r = run_tool(*(["--full"] if full else []), *[fixture(n) for n in names])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stderr, "")
+        return r.stdout
+
+    def test_normal_run_exact_figures(self):
+        out = self.summary("normal.jsonl")
+        (head, lines), = sections(out)
+        self.assertEqual(head, "== pid 4242, rank 0, host gpu-node-07, poolshim 0.3.0")
+        self.assertIn("  command  python3 train.py --epochs 3 --batch-size 64", lines)
+        self.assertEqual(cells(lines, "ran"), ["12.3 s from 2026-12-03 12:13:20 UTC, 49 samples, exited normally"])
+        self.assertEqual(cells(lines, "devices"), ["0: NVIDIA H200, 139.8 GiB; 1: NVIDIA H200, 139.8 GiB"])
+        self.assertEqual(lines[5].split(), ["device", "0", "device", "1"])
+        self.assertEqual(cells(lines, "peak reserved"), ["6.0 GiB", "1.5 GiB"])
+        self.assertEqual(cells(lines, "peak used"), ["5.2 GiB", "770.0 MiB"])
+        self.assertEqual(cells(lines, "peak requested"), ["5.1 GiB", "768.0 MiB"])
+        self.assertEqual(cells(lines, "final reserved"), ["1.5 GiB", "1.5 GiB"])
+        self.assertEqual(cells(lines, "final used"), ["768.0 MiB", "0 B"])
+        self.assertEqual(cells(lines, "final requested"), ["767.5 MiB", "0 B"])
+        self.assertEqual(cells(lines, "cap"), ["none", "none"])
+        self.assertEqual(cells(lines, "pool slack (last/max/mean)"), ["50.0% / 87.5% / 40.5%", "100.0% / 100.0% / 66.6%"])
+        self.assertEqual(cells(lines, "rounding waste (last/max/mean)"), ["0.1% / 0.3% / 0.2%", "0.0% / 0.4% / 0.3%"])
+        self.assertEqual(cells(lines, "allocations pooled"), ["3,141", "1,176"])
+        self.assertEqual(cells(lines, "async"), ["775", "0"])
+        self.assertEqual(cells(lines, "passed through"), ["3", "0"])
+        self.assertEqual(cells(lines, "fallback (not pooled)"), ["0", "0"])
+        self.assertEqual(cells(lines, "failed"), ["0", "0"])
+        self.assertIn("  leaks at exit: 5 allocations, 767.5 MiB", lines)
+        self.assertEqual(cells(lines, "512.0 MiB"), ["2", "NativeCachingAllocator::malloc (libc10_cuda.so) <- "
+                                                          "native::empty_cuda (libtorch_cuda.so)"])
+        self.assertEqual(cells(lines, "192.0 MiB"), ["2", "NativeCachingAllocator::malloc (libc10_cuda.so) <- "
+                                                          "native::zeros_like_cuda (libtorch_cuda.so)"])
+        self.assertEqual(cells(lines, "63.5 MiB"), ["1", "libmetrics.so+0x8e10"])
+        self.assertIn("  warnings: 1", lines)
+        self.assertIn("    t=0.022 s  POOLSHIM_RELEASE_THRESHOLD=2X: not a size (bytes with K/M/G/T, or % of device "
+                      "memory); using 0", lines)
+        self.assertNotIn("merged", out)
+
+    def test_figures_match_the_log(self):
+        """The peaks and final figures, recomputed here from the raw records."""
+        records = lines_of(fixture("normal.jsonl"))
+        out = self.summary("normal.jsonl")
+        lines = sections(out)[0][1]
+        exit_rec = [r for r in records if r["type"] == "exit"][0]
+        for column, device in enumerate((0, 1)):
+            rows = [r for r in records if r["type"] == "sample" and r["device"] == device]
+            rows += [d for d in exit_rec["devices"] if d["device"] == device]
+            for field in ("reserved_bytes", "used_bytes", "requested_bytes"):
+                peak = max(max(r[field + "_peak"], r[field]) for r in rows)
+                label = "peak " + field.split("_")[0]
+                self.assertEqual(cells(lines, label)[column], fmt.fmt_bytes(peak), label)
+                self.assertEqual(cells(lines, "final " + field.split("_")[0])[column], fmt.fmt_bytes(rows[-1][field]))
+            samples = [r for r in records if r["type"] == "sample" and r["device"] == device]
+            slack = [r["pool_slack"] for r in samples]
+            want = f"{100 * rows[-1]['pool_slack']:.1f}% / {100 * max(slack):.1f}% / {100 * sum(slack) / len(slack):.1f}%"
+            self.assertEqual(cells(lines, "pool slack (last/max/mean)")[column], want)
+            self.assertEqual(cells(lines, "allocations pooled")[column], f"{rows[-1]['allocs']:,}")
+
+    def test_ooms_of_each_verdict(self):
+        out = self.summary("ooms.jsonl")
+        lines = sections(out)[0][1]
+        self.assertEqual(cells(lines, "cap"), ["6.0 GiB", "none"])
+        self.assertEqual(cells(lines, "peak reserved"), ["6.0 GiB", "8.2 GiB"])
+        self.assertEqual(cells(lines, "failed"), ["2", "1"])
+        self.assertIn("  out of memory: 3 (exhausted 1, cap 1, fragmentation 1) + 4 repeats not logged", lines)
+        self.assertEqual(cells(lines, "options"), ["sample_ms=250, backtrace=16, limit_0=6442450944 (6.0 GiB)"])
+        self.assertEqual(cells(lines, "t=3.137 s"), ["device 0", "1.5 GiB", "cudaMalloc", "cap"])
+        self.assertEqual(cells(lines, "t=5.612 s"), ["device 0", "2.0 GiB", "cudaMallocAsync", "fragmentation"])
+        self.assertEqual(cells(lines, "t=7.048 s"), ["device 1", "12.0 GiB", "cudaMalloc", "exhausted"])
+        text = "\n".join(lines)
+        self.assertIn("      at    Grid::allocate_halo+0x2c (solver) <- Solver::step+0x1d0 (solver)", lines)
+        # The first frame of this site is in libcudart: the one shown is the caller's.
+        self.assertIn("      at    Workspace::scratch+0x3c (solver) <- Solver::step+0x2a8 (solver)", lines)
+        self.assertIn("      at    Checkpoint::stage+0x64 (solver) <- Solver::step+0x3f0 (solver)", lines)
+        self.assertIn("hint  the device is full (8.0 GiB live in 32 pooled allocations): reduce the working set", text)
+        self.assertIn("hint  the cap (POOLSHIM_LIMIT, 6.0 GiB) leaves 1008.0 MiB for a request of 1.5 GiB", text)
+        self.assertIn("hint  memory is free (2.5 GiB) but not in one piece of 2.0 GiB", text)
+        self.assertIn("  leaks at exit: 6 allocations, 2.5 GiB", lines)
+        self.assertEqual(cells(lines, "2.0 GiB"), ["4", "Field<...>::Field+0x48 (solver) <- "
+                                                        "vector<...>::_M_realloc_insert<...>+0x7c (solver)"])
+
+    def test_full_shows_whole_stacks_and_the_state_at_each_oom(self):
+        out = self.summary("ooms.jsonl", full=True)
+        self.assertIn("cudaMallocAsync+0x31 (libcudart.so.13)", out)
+        self.assertIn("void std::vector<Field<double>, std::allocator<Field<double> > >::_M_realloc_insert<Field<double> "
+                      "const&>(__gnu_cxx::__normal_iterator<Field<double>*, std::vector<Field<double>, "
+                      "std::allocator<Field<double> > > >, Field<double> const&)+0x7c (solver)", out)
+        self.assertIn("pool  reserved 5.5 GiB, used 5.0 GiB, unused 496.0 MiB, cap 6.0 GiB", out)
+        self.assertRegex(out, r"live\s+3\.0 GiB in\s+12 at Grid::allocate_halo\+0x2c \(solver\)")
+        self.assertIn("sizes >=256.0 MiB: 12, >=512.0 MiB: 4", out)
+        self.assertGreater(len(out.splitlines()), len(self.summary("ooms.jsonl").splitlines()))
+
+    def test_default_stays_within_40_lines_per_process(self):
+        names = ["normal.jsonl", "ooms.jsonl", "rank0.jsonl", "rank1.jsonl", "appended.jsonl", "old_shape.jsonl",
+                 "old_shape_oom.jsonl"]
+        out = self.summary(*names)
+        for head, lines in sections(out):
+            if head.startswith("== merged"):
+                continue
+            while lines and not lines[-1]:
+                lines = lines[:-1]
+            self.assertLessEqual(len(lines) + 1, 40, head)
+
+    def test_two_ranks_merged(self):
+        out = self.summary("rank0.jsonl", "rank1.jsonl")
+        heads = [h for h, _ in sections(out)]
+        self.assertEqual(heads, [f"== pid 7001, rank 0, host node-a, poolshim 0.3.0  [log {fixture('rank0.jsonl')}]",
+                                 f"== pid 7002, rank 1, host node-a, poolshim 0.3.0  [log {fixture('rank1.jsonl')}]",
+                                 "== merged: 2 processes from 2 logs"])
+        merged = sections(out)[2][1]
+        self.assertEqual(cells(merged, "ranks"), ["0, 1"])
+        self.assertEqual(cells(merged, "allocations"), ["10,221 pooled (0 async), 0 passed through, 0 fallback, 0 failed"])
+        self.assertEqual(cells(merged, "leaks at exit"), ["5 allocations, 148.0 MiB"])
+        rows = [re.split(r"\s{2,}", line.strip()) for line in merged]
+        device_rows = [r for r in rows if len(r) == 11 and r[0] in ("0", "1")]
+        self.assertEqual(device_rows, [
+            ["0", "0", "node-a", "7001", "10.0 GiB", "8.1 GiB", "8.1 GiB", "2.0 GiB", "64.0 MiB", "5,010", "0"],
+            ["0", "1", "node-a", "7002", "20.0 MiB", "20.0 MiB", "20.0 MiB", "20.0 MiB", "20.0 MiB", "1", "0"],
+            ["1", "1", "node-a", "7002", "12.0 GiB", "9.7 GiB", "9.7 GiB", "2.0 GiB", "64.0 MiB", "5,210", "0"]])
+        self.assertIn(["0", "2", "10.0 GiB (rank 0)", "20.0 MiB (rank 1)", "10.0 GiB", "0"], rows)
+        self.assertIn(["1", "1", "12.0 GiB (rank 1)", "12.0 GiB (rank 1)", "12.0 GiB", "0"], rows)
+        # The same NCCL call site leaked in both ranks: merged.
+        self.assertIn(["128.0 MiB", "4", "2", "ncclCommInitRank (libnccl.so.2) <- "
+                                             "ProcessGroupNCCL::getNCCLComm (libtorch_cuda.so)"], rows)
+        self.assertIn(["20.0 MiB", "1", "1", "libmetrics.so+0x8e10"], rows)
+
+    def test_several_processes_appended_to_one_file(self):
+        out = self.summary("appended.jsonl")
+        heads = [h for h, _ in sections(out)]
+        self.assertEqual(heads, ["== pid 3001, rank 0, host ws-12, poolshim 0.3.0",
+                                 "== pid 3002, rank 0, host ws-12, poolshim 0.3.0",
+                                 "== pid 3001, rank 0, host ws-12, poolshim 0.3.0",
+                                 "== merged: 3 processes from 1 log"])
+        first, killed, again = (lines for _, lines in sections(out)[:3])
+        self.assertEqual(cells(first, "command"), ["./bench --size 64M"])
+        self.assertEqual(cells(again, "command"), ["./bench --size 1G"])
+        self.assertEqual(cells(first, "peak reserved"), ["128.0 MiB"])
+        self.assertEqual(cells(again, "peak reserved"), ["2.0 GiB"])
+        self.assertEqual(cells(killed, "ended"), ["no exit record, right after an out-of-memory error (killed, _exit, "
+                                                  "abort or a fatal signal)"])
+        self.assertIn("      at    (call site not recorded)", killed)
+        self.assertEqual(cells(sections(out)[3][1], "leaks at exit"),
+                         ["0 allocations, 0 B; 1 process without an exit record"])
+
+    def test_old_shape_without_the_new_fields(self):
+        out = self.summary("old_shape.jsonl")
+        lines = sections(out)[0][1]
+        self.assertEqual(cells(lines, "peak reserved"), ["84.0 MiB"])
+        self.assertEqual(cells(lines, "peak used"), ["58.4 MiB"])
+        self.assertEqual(cells(lines, "allocations pooled"), ["2,101"])
+        self.assertEqual(cells(lines, "pool slack (last/max/mean)"), ["96.4% / 96.4% / 35.6%"])
+        self.assertFalse(any(line.strip().startswith("cap ") for line in lines), "no cap row without cap_bytes")
+        self.assertIn("  leaks at exit: 1 allocation, 3.0 MiB", lines)
+        self.assertIn("    largest 3.0 MiB on device 0, age 3.4 s", lines)
+        out = self.summary("old_shape_oom.jsonl")
+        lines = sections(out)[0][1]
+        self.assertEqual(cells(lines, "t=0.004 s"), ["device 0", "2.0 GiB", "cudaMalloc", "exhausted"])
+        self.assertFalse(any(line.strip().startswith("at ") for line in lines), "no call site line without `site`")
+        self.summary("old_shape.jsonl", "old_shape_oom.jsonl", full=True)
+
+    def test_output_into_a_closed_pipe(self):
+        p = subprocess.Popen([sys.executable, TOOL, fixture("normal.jsonl"), fixture("ooms.jsonl")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+        p.stdout.readline()
+        p.stdout.close()
+        err = p.stderr.read().decode()
+        p.wait(timeout=60)
+        p.stderr.close()
+        self.assertNotIn("Traceback", err)
+
+
+# ---- bad input -----------------------------------------------------------------------------
+
+
+class BadInput(unittest.TestCase):
+    def fails(self, *args, status=2):
+        r = run_tool(*args)
+        self.assertEqual(r.returncode, status, r.stdout + r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        self.assertEqual(r.stdout, "")
+        lines = r.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertTrue(lines[0].startswith("poolshim-report: error: "), lines[0])
+        return lines[0]
+
+    def test_malformed_line_3(self):
+        msg = self.fails(fixture("malformed.jsonl"))
+        self.assertIn("malformed.jsonl:3: not JSON", msg)
+
+    def test_foreign_json_log(self):
+        self.assertIn("foreign.jsonl:1: not a poolshim record (no schema, type, t, pid)", self.fails(fixture("foreign.jsonl")))
+
+    def test_empty_file(self):
+        self.assertIn("empty.jsonl: empty: no poolshim records", self.fails(fixture("empty.jsonl")))
+
+    def test_blank_lines_only(self):
+        self.assertIn("empty: no poolshim records", self.fails(write_temp(self, "blank.jsonl", "\n  \n\n")))
+
+    def test_missing_file(self):
+        msg = self.fails(fixture("no-such-log.jsonl"))
+        self.assertIn("no-such-log.jsonl: cannot read: No such file or directory", msg)
+
+    def test_a_folder(self):
+        self.assertIn("cannot read", self.fails(FIXTURES))
+
+    def test_a_bad_log_among_good_ones(self):
+        self.assertIn("malformed.jsonl:3:", self.fails(fixture("normal.jsonl"), fixture("malformed.jsonl")))
+
+    def test_binary_file(self):
+        path = write_temp(self, "binary.jsonl", b"\x7fELF\x02\x01\x01\x00\xff\xfe\n", mode="wb")
+        self.assertIn("binary.jsonl: not a poolshim log: not UTF-8 text", self.fails(path))
+
+    def test_newer_schema(self):
+        path = write_temp(self, "v2.jsonl", '{"schema":2,"type":"start","t":0,"pid":1}\n')
+        self.assertIn("v2.jsonl:1: schema 2; this tool reads schema 1", self.fails(path))
+
+    def test_a_field_of_the_wrong_type_names_its_line(self):
+        with open(fixture("normal.jsonl"), encoding="utf-8") as f:
+            good = f.read().splitlines()
+        bad = json.loads(good[3])
+        self.assertEqual(bad["type"], "sample")
+        bad["device"] = "zero"
+        path = write_temp(self, "typed.jsonl", "\n".join(good[:3] + ["", json.dumps(bad)] + good[4:]) + "\n")
+        self.assertIn("typed.jsonl:5: bad sample record: device should be an integer, not 'zero'", self.fails(path))
+        oom = [r for r in lines_of(fixture("ooms.jsonl")) if r["type"] == "oom"][0]
+        oom["site"][1]["offset"] = "0x10"
+        path = write_temp(self, "site.jsonl", json.dumps(oom) + "\n")
+        self.assertIn("site.jsonl:1: bad oom record: site[1].offset should be an integer, not '0x10'", self.fails(path))
+        path = write_temp(self, "t.jsonl", '{"schema":1,"type":"warning","t":"soon","pid":1,"message":"x"}\n')
+        self.assertIn("t.jsonl:1: bad warning record: t should be a number", self.fails(path))
+
+    def test_unwritable_output(self):
+        msg = self.fails("--html", os.path.join(FIXTURES, "no-such-folder", "r.html"), fixture("normal.jsonl"), status=1)
+        self.assertIn("cannot write", msg)
+
+    def test_an_output_over_a_log(self):
+        path = write_temp(self, "run.jsonl", open_text(fixture("normal.jsonl")))
+        msg = self.fails("--html", path, path)
+        self.assertIn("refusing to overwrite", msg)
+        self.assertEqual(open_text(path), open_text(fixture("normal.jsonl")))
+
+    def test_usage(self):
+        r = run_tool()
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("usage: poolshim-report", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        r = run_tool("--bogus", fixture("normal.jsonl"))
+        self.assertEqual(r.returncode, 2)
+        self.assertNotIn("Traceback", r.stderr)
+
+    def test_help(self):
+        r = run_tool("--help")
+        self.assertEqual(r.returncode, 0)
+        for needle in ("--html FILE", "--perfetto FILE", "--full", "--align", "--quiet", "exit status:",
+                       "self-contained", "pool slack", "rounding waste"):
+            self.assertIn(needle, r.stdout)
+
+
+# ---- the model ----------------------------------------------------------------------------
+
+
+class Model(unittest.TestCase):
+    def test_records_before_their_start_record_join_its_run(self):
+        recs = [{"schema": 1, "type": "sample", "t": 0.001, "pid": 9, "device": 0},
+                {"schema": 1, "type": "start", "t": 0.002, "pid": 9},
+                {"schema": 1, "type": "exit", "t": 1.0, "pid": 9},
+                {"schema": 1, "type": "start", "t": 0.002, "pid": 9},
+                {"schema": 1, "type": "warning", "t": 0.5, "pid": 9, "message": "m"},
+                {"schema": 1, "type": "warning", "t": 0.5, "pid": 10, "message": "m"}]
+        runs = model.group_runs("x", recs)
+        self.assertEqual([(r.pid, r.record_count, r.exit is not None) for r in runs],
+                         [(9, 3, True), (9, 2, False), (10, 1, False)])
+
+    def test_short_function_names(self):
+        cases = {
+            "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc(void**, signed char)":
+                "NativeCachingAllocator::malloc",
+            "void std::vector<int, std::allocator<int> >::_M_realloc_insert<int const&>(int*, int const&)":
+                "vector<...>::_M_realloc_insert<...>",
+            "main": "main",
+            "Solver::step(int) const": "Solver::step",
+            "std::ostream::operator<<(int)": "std::ostream::operator<<(...)",
+        }
+        for name, want in cases.items():
+            self.assertEqual(fmt.short_function(name), want)
+
+    def test_site_text(self):
+        site = [{"module": "/usr/local/cuda/lib64/libcudart.so.13", "offset": 1, "function": "cudaMalloc",
+                 "function_offset": 4},
+                {"module": "/app/bin/app", "offset": 0x1234, "function": None, "function_offset": None},
+                {"module": "/app/bin/app", "offset": 0x99, "function": "main", "function_offset": 0x10}]
+        self.assertEqual(fmt.site_text(site, callers=1), "app+0x1234 <- main+0x10 (app)")
+        self.assertEqual(fmt.site_text(None), "(call site not recorded)")
+        self.assertEqual(fmt.site_text([]), "(no frames)")
+        self.assertEqual(fmt.site_key(site), fmt.site_key(json.loads(json.dumps(site))))
+        self.assertLessEqual(len(fmt.site_text(site * 20, callers=30, width=60)), 60)
+
+
+# ---- the HTML page ---------------------------------------------------------------------------
+
+
+class _Page(html.parser.HTMLParser):
+    """The elements the tests look at: timelines with their polylines and markers, sections,
+    tables, and every attribute that could load something."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.timelines = []
+        self.sections = []
+        self.tables = []
+        self.loading_attrs = []
+        self.scripts = 0
+        self._svg = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        classes = (a.get("class") or "").split()
+        for name in ("src", "href", "xlink:href", "srcset", "poster", "data", "action", "formaction"):
+            if name in a and not (name == "href" and (a[name] or "").startswith("#")):
+                self.loading_attrs.append((tag, name, a[name]))
+        if tag == "script":
+            self.scripts += 1
+        if tag == "section" and "process" in classes:
+            self.sections.append(a)
+        if tag == "table":
+            self.tables.append(classes)
+        if tag == "svg" and "timeline" in classes:
+            self._svg = {"attrs": a, "series": {}, "ooms": []}
+            self.timelines.append(self._svg)
+        elif self._svg is not None:
+            if tag == "polyline" and "series" in classes:
+                name = [c for c in classes if c not in ("series", "off-scale")][0]
+                self._svg["series"][name] = a.get("points") or ""
+            if tag == "g" and "oom-marker" in classes:
+                self._svg["ooms"].append(a)
+
+    def handle_startendtag(self, tag, attrs):
+        self.handle_starttag(tag, attrs)
+        if tag == "svg":
+            self._svg = None
+
+    def handle_endtag(self, tag):
+        if tag == "svg":
+            self._svg = None
+
+
+def parse_points(text):
+    points = []
+    for pair in text.split():
+        x, y = pair.split(",")
+        points.append((float(x), float(y)))
+    return points
+
+
+class HtmlPage(unittest.TestCase):
+    def page(self, *names, extra=()):
+        folder = tempfile.mkdtemp(prefix="poolshim-report-test-")
+        self.addCleanup(shutil.rmtree, folder, True)
+        path = os.path.join(folder, "report.html")
+        r = run_tool("--quiet", "--html", path, *extra, *[n if os.path.isabs(n) else fixture(n) for n in names])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout, "")
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        p = _Page()
+        p.feed(text)
+        p.close()
+        return path, text, p
+
+    def check_self_contained(self, text, page):
+        self.assertNotIn("http://", text)
+        self.assertNotIn("https://", text)
+        self.assertNotRegex(text, r"(?i)url\s*\(")
+        self.assertNotRegex(text, r"(?i)@import")
+        self.assertEqual(page.loading_attrs, [])
+        self.assertIn("Content-Security-Policy", text)
+
+    def check_timeline(self, svg, series=("reserved", "used", "requested")):
+        vb = [float(v) for v in svg["attrs"]["viewbox"].split()]
+        for name in series:
+            self.assertIn(name, svg["series"], f"no {name} polyline in {svg['attrs']}")
+            points = parse_points(svg["series"][name])
+            self.assertTrue(points, f"empty points for {name}")
+            for x, y in points:
+                self.assertTrue(vb[0] <= x <= vb[0] + vb[2] and vb[1] <= y <= vb[1] + vb[3], (name, x, y))
+            xs = [x for x, _ in points]
+            self.assertEqual(xs, sorted(xs), f"{name}: time goes backwards")
+
+    def test_one_process_with_ooms_and_a_cap(self):
+        _, text, page = self.page("ooms.jsonl")
+        self.check_self_contained(text, page)
+        self.assertEqual(len(page.sections), 1)
+        self.assertEqual([(s["attrs"]["data-pid"], s["attrs"]["data-device"]) for s in page.timelines],
+                         [("5151", "0"), ("5151", "1")])
+        dev0, dev1 = page.timelines
+        self.check_timeline(dev0, ("reserved", "used", "requested", "cap"))
+        self.check_timeline(dev1)
+        self.assertNotIn("cap", dev1["series"])
+        self.assertEqual([o["data-verdict"] for o in dev0["ooms"]], ["cap", "fragmentation"])
+        self.assertEqual([o["data-verdict"] for o in dev1["ooms"]], ["exhausted"])
+        # the cap is a flat line at 6 GiB: one y for every point
+        self.assertEqual(len({y for _, y in parse_points(dev0["series"]["cap"])}), 1)
+        for cls in ("processes", "ooms", "leaks", "warnings"):
+            self.assertIn(cls, [c for t in page.tables for c in t])
+        for needle in ('<span class="verdict cap">cap</span>', '<span class="verdict fragmentation">fragmentation</span>',
+                       '<span class="verdict exhausted">exhausted</span>',
+                       "the device is full (8.0 GiB live in 32 pooled allocations)",
+                       "Grid::allocate_halo+0x2c (solver) &lt;- Solver::step+0x1d0 (solver)",
+                       "Field&lt;...&gt;::Field+0x48 (solver)", "cap 6.0 GiB"):
+            self.assertIn(needle, text)
+
+    def test_several_logs_one_page(self):
+        _, text, page = self.page("rank0.jsonl", "rank1.jsonl", "normal.jsonl", "appended.jsonl", "old_shape.jsonl")
+        self.check_self_contained(text, page)
+        self.assertEqual([s["data-pid"] for s in page.sections], ["7001", "7002", "4242", "3001", "3002", "3001", "26662"])
+        self.assertEqual(len({s["id"] for s in page.sections}), 7, "section ids are unique")
+        self.assertEqual(len(page.timelines), 1 + 2 + 2 + 1 + 1 + 1 + 1)
+        self.assertEqual(len({t["attrs"]["id"] for t in page.timelines}), len(page.timelines))
+        for svg in page.timelines:
+            self.check_timeline(svg)
+        self.assertIn('class="merged"', text)
+        self.assertIn("merged-devices", [c for t in page.tables for c in t])
+        self.assertIn("merged-leaks", [c for t in page.tables for c in t])
+
+    def test_text_from_the_log_is_escaped(self):
+        records = lines_of(fixture("ooms.jsonl"))
+        records[0]["command_line"] = ["./evil", "</script><script>alert(1)</script>", "<b>x</b>"]
+        records[0]["host"] = "<img src=x>"
+        path = write_temp(self, "evil.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+        _, text, page = self.page(path)
+        self.assertNotIn("<script>alert", text)
+        self.assertNotIn("<img", text)
+        self.assertEqual(page.scripts, 2)
+        self.check_self_contained(text, page)
+
+    def test_a_run_with_a_single_sample(self):
+        _, text, page = self.page("old_shape_oom.jsonl")
+        (svg,) = page.timelines
+        self.check_timeline(svg)
+        self.assertEqual([o["data-verdict"] for o in svg["ooms"]], ["exhausted"])
+
+
+# ---- the Perfetto trace ----------------------------------------------------------------------
+
+
+def trace_problems(trace):
+    """What is wrong with a Chrome trace-event file in the JSON Object Format, as Perfetto's
+    importer reads it: [] when nothing is."""
+    problems = []
+    if not isinstance(trace, dict):
+        return ["the top level is not an object"]
+    events = trace.get("traceEvents")
+    if not isinstance(events, list):
+        return ["traceEvents is not a list"]
+    if "displayTimeUnit" in trace and trace["displayTimeUnit"] not in ("ms", "ns"):
+        problems.append("displayTimeUnit is neither ms nor ns")
+
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    for i, e in enumerate(events):
+        where = f"event {i} ({e.get('ph') if isinstance(e, dict) else e!r})"
+        if not isinstance(e, dict):
+            problems.append(f"{where}: not an object")
+            continue
+        ph = e.get("ph")
+        if not isinstance(ph, str) or len(ph) != 1:
+            problems.append(f"{where}: no one-letter ph")
+            continue
+        if not isinstance(e.get("name"), str) or not e["name"]:
+            problems.append(f"{where}: no name")
+        if not isinstance(e.get("pid"), int) or isinstance(e.get("pid"), bool) or not 0 <= e["pid"] < 2 ** 32:
+            problems.append(f"{where}: pid is not an unsigned 32-bit integer")
+        if "tid" in e and (not isinstance(e["tid"], int) or isinstance(e["tid"], bool)):
+            problems.append(f"{where}: tid is not an integer")
+        if ph != "M" or "ts" in e:
+            if not number(e.get("ts")) or e["ts"] < 0:
+                problems.append(f"{where}: ts is not a non-negative number")
+        if "args" in e and not isinstance(e["args"], dict):
+            problems.append(f"{where}: args is not an object")
+        if ph == "C":
+            args = e.get("args")
+            if not isinstance(args, dict) or not args:
+                problems.append(f"{where}: a counter without args")
+            elif not all(number(v) for v in args.values()):
+                problems.append(f"{where}: a counter arg is not a number")
+        elif ph in ("i", "I"):
+            if e.get("s", "t") not in ("g", "p", "t"):
+                problems.append(f"{where}: s is not g, p or t")
+            if e.get("s", "t") == "t" and "tid" not in e:
+                problems.append(f"{where}: a thread-scoped instant without tid")
+        elif ph == "M":
+            name = e.get("name")
+            if name in ("process_name", "thread_name"):
+                if not isinstance((e.get("args") or {}).get("name"), str):
+                    problems.append(f"{where}: {name} without args.name")
+            elif name in ("process_sort_index", "thread_sort_index"):
+                if not isinstance((e.get("args") or {}).get("sort_index"), int):
+                    problems.append(f"{where}: {name} without an integer args.sort_index")
+            else:
+                problems.append(f"{where}: unknown metadata {name!r}")
+        elif ph == "X":
+            if not number(e.get("dur")) or e["dur"] < 0:
+                problems.append(f"{where}: a complete event without dur")
+        elif ph not in ("B", "E"):
+            problems.append(f"{where}: phase {ph!r} is not one this tool writes")
+    return problems
+
+
+class PerfettoTrace(unittest.TestCase):
+    def trace(self, *names, align=None):
+        folder = tempfile.mkdtemp(prefix="poolshim-report-test-")
+        self.addCleanup(shutil.rmtree, folder, True)
+        path = os.path.join(folder, "trace.json")
+        r = run_tool("-q", "--perfetto", path, *(["--align", align] if align else []), *[fixture(n) for n in names])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+
+    def test_the_schema_check_catches_mistakes(self):
+        self.assertEqual(trace_problems([]), ["the top level is not an object"])
+        bad = {"traceEvents": [{"ph": "C", "name": "c", "pid": 1, "ts": 1, "args": {"bytes": "many"}},
+                               {"ph": "i", "name": "i", "pid": 1, "ts": -1, "s": "x"},
+                               {"ph": "M", "name": "process_name", "pid": 1, "args": {}},
+                               {"ph": "C", "pid": 1, "ts": 0, "args": {"v": 1}}]}
+        self.assertEqual(len(trace_problems(bad)), 5, trace_problems(bad))
+
+    def test_all_fixtures(self):
+        trace = self.trace("normal.jsonl", "ooms.jsonl", "rank0.jsonl", "rank1.jsonl", "appended.jsonl",
+                           "old_shape.jsonl", "old_shape_oom.jsonl")
+        self.assertEqual(trace_problems(trace), [])
+        self.assertEqual(trace["displayTimeUnit"], "ms")
+        events = trace["traceEvents"]
+        names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+        self.assertEqual(len(names), 9, "one trace process per run, pid reuse included")
+        self.assertIn("pid 4242 rank 0 @gpu-node-07: python3 train.py --epochs 3 --batch-size 64", names.values())
+        self.assertEqual(sum(1 for n in names.values() if n.startswith("pid 3001 ")), 2)
+
+    def test_counters_and_ooms(self):
+        events = self.trace("ooms.jsonl")["traceEvents"]
+        counters = {e["name"] for e in events if e["ph"] == "C"}
+        self.assertEqual(counters, {f"device {d} {s}" for d in (0, 1) for s in ("reserved", "used", "requested", "pool slack")}
+                         | {"device 0 cap"})
+        samples = [r for r in lines_of(fixture("ooms.jsonl")) if r["type"] == "sample" and r["device"] == 0]
+        reserved = [e for e in events if e["ph"] == "C" and e["name"] == "device 0 reserved"]
+        # A value is written when it changes (a counter holds it until the next one), and at the end.
+        want = [r for i, r in enumerate(samples)
+                if i == 0 or i == len(samples) - 1 or r["reserved_bytes"] != samples[i - 1]["reserved_bytes"]]
+        self.assertEqual([e["args"]["bytes"] for e in reserved], [r["reserved_bytes"] for r in want])
+        self.assertEqual([e["ts"] for e in reserved], [round(r["t"] * 1e6, 3) for r in want])
+        self.assertLess(len(want), len(samples))
+        used = [e["args"]["bytes"] for e in events if e["ph"] == "C" and e["name"] == "device 0 used"]
+        self.assertEqual(max(used), max(r["used_bytes"] for r in samples))
+        ooms = [e for e in events if e["ph"] == "i" and e.get("cat") == "oom"]
+        self.assertEqual([(e["args"]["verdict"], e["args"]["request"], e["s"]) for e in ooms],
+                         [("cap", "1.5 GiB", "p"), ("fragmentation", "2.0 GiB", "p"), ("exhausted", "12.0 GiB", "p")])
+        self.assertTrue(all(e["args"]["hint"] for e in ooms))
+        self.assertEqual(ooms[0]["args"]["site"].split(" <- ")[0], "Grid::allocate_halo+0x2c (solver)")
+        self.assertEqual(ooms[0]["ts"], 3137000.0)
+
+    def test_ranks_aligned_by_start_time(self):
+        def first_counter(trace, pid):
+            return min(e["ts"] for e in trace["traceEvents"] if e["ph"] == "C" and e["pid"] == pid)
+
+        wall = self.trace("rank0.jsonl", "rank1.jsonl")
+        self.assertEqual(first_counter(wall, 7001), 1e6)
+        self.assertEqual(first_counter(wall, 7002), 2e6)      # started one second later
+        zero = self.trace("rank0.jsonl", "rank1.jsonl", align="zero")
+        self.assertEqual(first_counter(zero, 7002), 1e6)
+        self.assertEqual(trace_problems(zero), [])
+
+
+# ---- a real browser ---------------------------------------------------------------------------
+
+
+def find_chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@unittest.skipUnless(find_chromium(), "chromium (or chromium-browser) is not on PATH: the headless render test is "
+                                      "skipped (apt-get install chromium)")
+class Browser(unittest.TestCase):
+    def test_page_renders_with_its_script(self):
+        folder = tempfile.mkdtemp(prefix="poolshim-report-test-")
+        self.addCleanup(shutil.rmtree, folder, True)
+        page = os.path.join(folder, "report.html")
+        r = run_tool("-q", "--html", page, fixture("ooms.jsonl"), fixture("normal.jsonl"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        done = subprocess.run([find_chromium(), "--headless", "--disable-gpu", "--no-sandbox",
+                               f"--user-data-dir={os.path.join(folder, 'profile')}", "--dump-dom",
+                               "file://" + page], capture_output=True, text=True, timeout=180)
+        dom = done.stdout
+        self.assertIn('class="timeline"', dom, done.stderr[-2000:])
+        p = _Page()
+        p.feed(dom)
+        self.assertEqual(len(p.timelines), 4)
+        for svg in p.timelines:
+            for name in ("reserved", "used", "requested"):
+                self.assertTrue(parse_points(svg["series"].get(name, "")), (svg["attrs"], name))
+            # The inline script ran to its end for every chart (it marks each one).
+            self.assertEqual(svg["attrs"].get("data-interactive"), "1", svg["attrs"])
+        self.assertTrue(parse_points(p.timelines[0]["series"]["cap"]))
+
+    def test_hover_readout(self):
+        """A mouse move over the first chart shows the read-out of the nearest sample."""
+        folder = tempfile.mkdtemp(prefix="poolshim-report-test-")
+        self.addCleanup(shutil.rmtree, folder, True)
+        page = os.path.join(folder, "report.html")
+        r = run_tool("-q", "--html", page, fixture("ooms.jsonl"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        poke = ("<script>var s = document.querySelector('svg.timeline'), b = s.getBoundingClientRect();"
+                "s.dispatchEvent(new MouseEvent('mousemove', {clientX: b.left + b.width / 2, "
+                "clientY: b.top + b.height / 2, bubbles: true}));</script></body>")
+        with open(page, "w", encoding="utf-8") as f:
+            f.write(text.replace("</body>", poke))
+        done = subprocess.run([find_chromium(), "--headless", "--disable-gpu", "--no-sandbox",
+                               f"--user-data-dir={os.path.join(folder, 'profile')}", "--window-size=1400,1800",
+                               "--dump-dom", "file://" + page], capture_output=True, text=True, timeout=180)
+        match = re.search(r'<div class="readout"[^>]*>(.*?)</div>', done.stdout)
+        self.assertIsNotNone(match, done.stdout[-2000:])
+        self.assertNotIn("hidden", match.group(0).split(">")[0])
+        self.assertRegex(match.group(1), r"<b>t = \d+\.\d{3} s</b>.*reserved \d+\.\d (MiB|GiB).*used .*requested .*cap 6\.0 GiB")
+
+
+if __name__ == "__main__":
+    unittest.main()
