@@ -254,12 +254,16 @@ void BackgroundWorker::run() {
                  (info_.log_path.empty() ? std::string("disabled") : info_.log_path));
     for (const auto& line : describe_config(router_.config())) print_stderr("option " + line);
   }
-  begin();
+  {
+    std::lock_guard<std::mutex> gate(tick_mutex_);
+    begin();
+  }
   const std::uint64_t sample_ms = router_.config().sample_ms;
   const std::uint64_t tick_ms = sample_ms > 0 ? std::min(sample_ms, kMaxTickMs) : kMaxTickMs;
   for (;;) {
     const bool stop = events_.wait_for_work(std::chrono::milliseconds(tick_ms));
     if (stop) break;
+    std::lock_guard<std::mutex> gate(tick_mutex_);
     tick(now_ns());
   }
   ExitExtras extras;
@@ -267,7 +271,16 @@ void BackgroundWorker::run() {
     std::lock_guard<std::mutex> lock(finish_mutex_);
     extras = exit_extras_;
   }
+  std::lock_guard<std::mutex> gate(tick_mutex_);
   end(extras);
+}
+
+void BackgroundWorker::pause_for_fork() {
+  tick_mutex_.lock();
+}
+
+void BackgroundWorker::resume_after_fork() {
+  tick_mutex_.unlock();
 }
 
 }  // namespace poolshim

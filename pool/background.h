@@ -42,6 +42,12 @@ class BackgroundWorker {
   void end(const ExitExtras& extras);
   const ProcessInfo& info() const { return info_; }
 
+  /// fork() must not copy the worker in the middle of a driver call (the child would inherit
+  /// the driver's locks held): pthread_atfork's prepare waits for the current round of work
+  /// and holds the next one until resume_after_fork (in the parent and in the child).
+  void pause_for_fork();
+  void resume_after_fork();
+
  private:
   void run();
   void write_events();
@@ -60,6 +66,7 @@ class BackgroundWorker {
   LogFile log_;
   std::thread thread_;
   std::mutex finish_mutex_;
+  std::mutex tick_mutex_;  // held while the worker works (see pause_for_fork)
   ExitExtras exit_extras_;
   bool started_ = false;
   bool finished_ = false;

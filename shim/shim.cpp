@@ -205,11 +205,29 @@ void on_exit() {
   }
 }
 
+// The worker pauses across fork() (see BackgroundWorker::pause_for_fork).
+void before_fork() {
+  State& s = state();
+  if (s.phase.load(std::memory_order_acquire) == kRunning && s.worker != nullptr) {
+    s.worker->pause_for_fork();
+  }
+}
+
+void after_fork_in_parent() {
+  State& s = state();
+  if (s.phase.load(std::memory_order_acquire) == kRunning && s.worker != nullptr) {
+    s.worker->resume_after_fork();
+  }
+}
+
 void on_fork_child() {
   // The parent's CUDA state (contexts, pools, our thread) does not exist in the child: a
   // child of a process that had started passes every call through. One that had not (a
   // launcher forking workers before any CUDA use) starts afresh on its own first call.
   State& s = state();
+  if (s.phase.load(std::memory_order_relaxed) == kRunning && s.worker != nullptr) {
+    s.worker->resume_after_fork();  // this thread locked it in before_fork
+  }
   if (s.phase.load(std::memory_order_relaxed) != kIdle) {
     s.forked_child_passthrough.store(true, std::memory_order_relaxed);
   }
@@ -229,7 +247,7 @@ void init_state() {
   g_state.store(&s, std::memory_order_release);
   if (!s.parsed.config.enable) return;  // POOLSHIM_ENABLE=0: pure pass-through, no handlers
   std::atexit(on_exit);
-  pthread_atfork(nullptr, nullptr, on_fork_child);
+  pthread_atfork(before_fork, after_fork_in_parent, on_fork_child);
 }
 
 __attribute__((constructor)) void on_load() {

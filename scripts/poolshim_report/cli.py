@@ -70,7 +70,8 @@ def parser():
                    help="Perfetto time axis: 'wall' (default) places each process at its start time "
                         "(start_unix_s, whole seconds) so that runs and ranks line up; 'zero' starts every "
                         "process at 0")
-    p.add_argument("--quiet", "-q", action="store_true", help="print no summary (with --html or --perfetto)")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="print nothing but errors (with --html or --perfetto): no summary, no 'wrote FILE' line")
     return p
 
 
@@ -128,6 +129,6 @@ def main(argv=None):
             os.dup2(devnull, sys.stdout.fileno())
             return 0
     for label, path in (("HTML page", args.html), ("Perfetto trace", args.perfetto)):
-        if path:
+        if path and not args.quiet:
             print(f"{PROG}: wrote {label} {path}", file=sys.stderr)
     return 0

@@ -10,7 +10,8 @@ The records have the shape of README.md "The log" (schema 1) with the fields bei
 `leaks.largest`) and `oom_repeats`; per-device limits as `limit_<device>` in the start record's
 `config` (with no `config_sources` entry). old_shape.jsonl and
 old_shape_oom.jsonl are real logs of the library before those fields (the bundled demo, and
-tests/programs/oom_exit, over the CPU test double) and are not written here.
+tests/programs/oom_exit, over the CPU test double), and real_cap_oom.jsonl one of the library
+with them (oom_exit with POOLSHIM_LIMIT=512M POOLSHIM_BACKTRACE=8); they are not written here.
 """
 
 import json

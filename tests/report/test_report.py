@@ -5,8 +5,8 @@
     python3 tests/report/test_report.py -v
 
 The fixtures are in tests/report/fixtures: synthetic logs written by make_fixtures.py (the
-figures below follow from it), and two real logs of the library before the new fields
-(old_shape*.jsonl). The Chromium test is skipped, saying so, when neither `chromium` nor
+figures below follow from it), two real logs of the library before the new fields
+(old_shape*.jsonl) and one of the library with them (real_cap_oom.jsonl). The Chromium test is skipped, saying so, when neither `chromium` nor
 `chromium-browser` is on PATH.
 """
 
@@ -181,7 +181,7 @@ class Summary(unittest.TestCase):
 
     def test_default_stays_within_40_lines_per_process(self):
         names = ["normal.jsonl", "ooms.jsonl", "rank0.jsonl", "rank1.jsonl", "appended.jsonl", "old_shape.jsonl",
-                 "old_shape_oom.jsonl"]
+                 "old_shape_oom.jsonl", "real_cap_oom.jsonl"]
         out = self.summary(*names)
         for head, lines in sections(out):
             if head.startswith("== merged"):
@@ -246,6 +246,15 @@ class Summary(unittest.TestCase):
         self.assertEqual(cells(lines, "t=0.004 s"), ["device 0", "2.0 GiB", "cudaMalloc", "exhausted"])
         self.assertFalse(any(line.strip().startswith("at ") for line in lines), "no call site line without `site`")
         self.summary("old_shape.jsonl", "old_shape_oom.jsonl", full=True)
+
+    def test_a_real_log_with_the_new_fields(self):
+        """real_cap_oom.jsonl: the library under development (POOLSHIM_LIMIT=512M, POOLSHIM_BACKTRACE=8)
+        running tests/programs/oom_exit over the CPU test double."""
+        lines = sections(self.summary("real_cap_oom.jsonl"))[0][1]
+        self.assertEqual(cells(lines, "cap"), ["512.0 MiB"])
+        self.assertEqual(cells(lines, "t=0.006 s"), ["device 0", "667.6 MiB", "cudaMalloc", "cap"])
+        self.assertIn("      at    main+0x6a (oom_exit) <- libc.so.6+0x27249", lines)
+        self.assertEqual(cells(lines, "1.0 MiB"), ["1", "main+0x52 (oom_exit) <- libc.so.6+0x27249"])
 
     def test_output_into_a_closed_pipe(self):
         p = subprocess.Popen([sys.executable, TOOL, fixture("normal.jsonl"), fixture("ooms.jsonl")],
@@ -379,6 +388,10 @@ class Model(unittest.TestCase):
                 {"module": "/app/bin/app", "offset": 0x1234, "function": None, "function_offset": None},
                 {"module": "/app/bin/app", "offset": 0x99, "function": "main", "function_offset": 0x10}]
         self.assertEqual(fmt.site_text(site, callers=1), "app+0x1234 <- main+0x10 (app)")
+        # The CUDA runtime linked into the program itself (nvcc's static runtime): skipped by name.
+        static = [{"module": "/app/bin/app", "offset": 0x50, "function": "cudaMalloc", "function_offset": 0},
+                  {"module": "/app/bin/app", "offset": 0x99, "function": "main", "function_offset": 0x10}]
+        self.assertEqual(fmt.site_text(static), "main+0x10 (app)")
         self.assertEqual(fmt.site_text(None), "(call site not recorded)")
         self.assertEqual(fmt.site_text([]), "(no frames)")
         self.assertEqual(fmt.site_key(site), fmt.site_key(json.loads(json.dumps(site))))
@@ -495,7 +508,8 @@ class HtmlPage(unittest.TestCase):
                        '<span class="verdict exhausted">exhausted</span>',
                        "the device is full (8.0 GiB live in 32 pooled allocations)",
                        "Grid::allocate_halo+0x2c (solver) &lt;- Solver::step+0x1d0 (solver)",
-                       "Field&lt;...&gt;::Field+0x48 (solver)", "cap 6.0 GiB"):
+                       "Field&lt;...&gt;::Field+0x48 (solver)", "cap 6.0 GiB",
+                       "and 4 more of the same situations, not logged again"):
             self.assertIn(needle, text)
 
     def test_several_logs_one_page(self):
