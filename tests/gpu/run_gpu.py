@@ -40,6 +40,7 @@ PROGRAMS = {  # name -> (source, extra nvcc flags); each built with the shared a
     "threads": ("tests/programs/threads.cpp", []),
     "dlsym_semantics": ("tests/programs/dlsym_semantics.cpp", ["-ldl"]),
     "capture_threads": ("tests/programs/capture_threads.cpp", []),
+    "oom_cases": ("tests/programs/oom_cases.cpp", []),
     "kernels_diff": ("tests/gpu/kernels_diff.cu", []),
     "kernels_diff_ptds": ("tests/gpu/kernels_diff.cu", ["--default-stream", "per-thread"]),
     "churn_ptds": ("tests/programs/churn.cpp", ["-DCUDA_API_PER_THREAD_DEFAULT_STREAM=1"]),
@@ -185,6 +186,33 @@ class Suite:
                 check(logs)
                 return shim.out
             self.case(f"frees and allocations while another thread captures [{runtime}]", capture_threads)
+
+            def oom_under_cap(runtime=runtime):
+                # A legacy program that allocates 256 MiB layers until it runs out: natively at
+                # the H200's ~139 GiB, under POOLSHIM_LIMIT=8G at 8 GiB, as an 8 GiB GPU would.
+                args = [self.binary("oom_cases", runtime), "layers", "256"]
+                folder = self.logdir(f"oom-cap-{runtime}")
+                native = run_process(args, self.env(), 300)
+                env = with_shim(self.env({"POOLSHIM_LIMIT": "8G", "POOLSHIM_BACKTRACE": "16"}), self.library,
+                                os.path.join(folder, "log-%p.jsonl"))
+                shim = run_process(args, env, 300)
+                expect_equal((native.rc, shim.rc), (3, 3), f"exit statuses\n{native.describe()}\n{shim.describe()}")
+                held = int(shim.out.split("failed after ")[1].split(":")[0])
+                expect(30 <= held <= 32, f"layers held under an 8 GiB cap: {shim.out}")
+                logs = [poolshim_log.read_log(p) for p in logs_in(folder)]
+                ooms = records_of(logs[0], "oom")
+                expect_equal(len(ooms), 1, "oom records")
+                o = ooms[0]
+                expect_equal((o["verdict"], o["cap_bytes"]), ("cap", 8 << 30), "verdict and cap")
+                top = poolshim_log.site_text(o["site"])
+                expect(top.startswith("(anonymous namespace)::allocate_layer"), f"top call site: {top}")
+                top_group = poolshim_log.site_text(o["by_site"][0]["site"])
+                expect(top_group.startswith("(anonymous namespace)::allocate_layer"), f"top group: {top_group}")
+                block = shim.err[shim.err.index("poolshim: out of memory"):]
+                with open(os.path.join(self.out, f"oom-block-{runtime}.txt"), "w") as f:
+                    f.write(block)
+                return f"native: {native.out.strip()}\n{block}"
+            self.case(f"OOM under POOLSHIM_LIMIT names the allocating function [{runtime}]", oom_under_cap)
 
             def threads(runtime=runtime, check=check):
                 native, shim, logs = self.differential(f"threads-{runtime}", [self.binary("threads", runtime)])
