@@ -21,24 +21,29 @@ def read_log(path):
     """All records of one log file, in order. Raises LogError naming the line at fault."""
     records = []
     try:
-        handle = open(path, "r", encoding="utf-8", errors="strict")
+        handle = open(path, "rb")
     except OSError as e:
         raise LogError(f"{path}: cannot read: {e.strerror}") from None
     with handle:
-        for number, line in enumerate(handle, start=1):
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise LogError(f"{path}:{number}: not UTF-8 text") from None
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise LogError(f"{path}:{number}: not JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+            except json.JSONDecodeError as e:
+                raise LogError(f"{path}:{number}: not JSON ({e.msg})") from None
             if not isinstance(record, dict):
                 raise LogError(f"{path}:{number}: not a JSON object")
             missing = [f for f in COMMON_FIELDS if f not in record]
             if missing:
                 raise LogError(f"{path}:{number}: not a poolshim record (no {', '.join(missing)})")
-            if record["schema"] != SCHEMA_VERSION:
-                raise LogError(f"{path}:{number}: schema {record['schema']}; this tool reads schema {SCHEMA_VERSION}")
+            schema = record["schema"]
+            if type(schema) is not int or schema != SCHEMA_VERSION:  # noqa: E721 (true is not 1)
+                raise LogError(f"{path}:{number}: schema {schema!r}; this tool reads schema {SCHEMA_VERSION}")
             if record["type"] not in RECORD_TYPES:
                 raise LogError(f"{path}:{number}: unknown record type {record['type']!r}")
             records.append(record)

@@ -157,9 +157,6 @@ def read_records(path):
     """poolshim_log.read_log, plus a type check of the fields the report uses. Raises LogError."""
     try:
         records = poolshim_log.read_log(path)
-    except UnicodeDecodeError as e:
-        # read_log decodes lines outside its own error handling.
-        raise LogError(f"{path}: not a poolshim log: not UTF-8 text (byte {e.start} of a line cannot be decoded)") from None
     except MemoryError:
         raise LogError(f"{path}: too large to read") from None
     for index, record in enumerate(records):

@@ -306,7 +306,7 @@ class BadInput(unittest.TestCase):
 
     def test_binary_file(self):
         path = write_temp(self, "binary.jsonl", b"\x7fELF\x02\x01\x01\x00\xff\xfe\n", mode="wb")
-        self.assertIn("binary.jsonl: not a poolshim log: not UTF-8 text", self.fails(path))
+        self.assertIn("binary.jsonl:1: not UTF-8 text", self.fails(path))
 
     def test_newer_schema(self):
         path = write_temp(self, "v2.jsonl", '{"schema":2,"type":"start","t":0,"pid":1}\n')
