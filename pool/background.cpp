@@ -119,7 +119,7 @@ bool cuda_runtime_frame(const Frame& f) {
   const auto slash = f.module.rfind('/');
   const std::string base = slash == std::string::npos ? f.module : f.module.substr(slash + 1);
   if (base.rfind("libcudart", 0) == 0 || base.rfind("libcuda.so", 0) == 0) return true;
-  for (const char* prefix : {"cudart::", "__cudart", "cuda", "__cuda"}) {
+  for (const char* prefix : {"cudart::", "__cudart", "cuda", "__cuda", "libcudart_static_"}) {
     if (f.function.rfind(prefix, 0) == 0) return true;
   }
   return false;

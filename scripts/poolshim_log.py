@@ -95,7 +95,7 @@ def fmt_share(x):
     return "?" if x is None else f"{100 * x:.1f}%"
 
 
-CUDA_RUNTIME_PREFIXES = ("cudart::", "__cudart", "cuda", "__cuda")
+CUDA_RUNTIME_PREFIXES = ("cudart::", "__cudart", "cuda", "__cuda", "libcudart_static_")
 
 
 def site_text(site):

@@ -216,6 +216,7 @@ CUresult mem_alloc_async(Real real_fn, CUdeviceptr* dptr, size_t bytes, CUstream
         return classify(result = real_fn(dptr, n, stream));
       })) {
     *dptr = p;
+    poolshim::shim::note_pooled_allocation();
   }
   return result;
 }
@@ -336,6 +337,7 @@ POOLSHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   if (router->allocate_sync(device, bytesize, &p,
                             [&](size_t n) { return classify(result = real_fn(dptr, n)); })) {
     *dptr = p;
+    poolshim::shim::note_pooled_allocation();
   }
   return result;
 }

@@ -73,6 +73,7 @@ cudaError_t malloc_async(void** ptr, size_t size, cudaStream_t stream, bool per_
         return classify(result = real_fn(ptr, n, stream));
       })) {
     *ptr = reinterpret_cast<void*>(p);
+    poolshim::shim::note_pooled_allocation();
   }
   return result;
 }
@@ -113,6 +114,7 @@ POOLSHIM_EXPORT cudaError_t cudaMalloc(void** devPtr, size_t size) {
         return classify(result = real::cudaMalloc()(devPtr, n));
       })) {
     *devPtr = reinterpret_cast<void*>(p);
+    poolshim::shim::note_pooled_allocation();
   }
   return result;
 }

@@ -37,6 +37,10 @@ Router* router_for_call();
 /// The core if it is running, without starting it (bookkeeping hooks use it).
 Router* router_if_running();
 
+/// Called after each pooled allocation (cheap after the first): registers the exit handler
+/// again, late enough to run before the CUDA runtime's and driver's own teardown.
+void note_pooled_allocation();
+
 /// How many calls each way in reached the shim (the exit record's `paths`).
 struct PathCounters {
   std::atomic<std::uint64_t> runtime_calls{0};         // outermost runtime allocation/free hooks

@@ -4,7 +4,7 @@ shares, times and call sites."""
 import datetime
 import os
 
-from poolshim_log import fmt_bytes, fmt_share  # noqa: F401  (re-exported)
+from poolshim_log import CUDA_RUNTIME_PREFIXES, fmt_bytes, fmt_share  # noqa: F401  (re-exported)
 
 NONE = "-"
 
@@ -12,7 +12,7 @@ NONE = "-"
 # statically into the program), are the CUDA runtime/driver or poolshim itself: the call site
 # shown first is the first frame outside them (all frames stay in the full stack).
 _PLUMBING_PREFIXES = ("libpoolshim", "libcudart", "libcuda.so")
-_RUNTIME_FUNCTIONS = ("cudart::", "__cudart", "cuda", "__cuda")
+_RUNTIME_FUNCTIONS = CUDA_RUNTIME_PREFIXES
 
 
 def fmt_count(n):

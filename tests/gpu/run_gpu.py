@@ -169,6 +169,10 @@ class Suite:
                 native, shim, logs = self.differential(f"demo-{runtime}", [self.binary("demo", runtime), "100"])
                 check(logs, 1 + 100 * 7)
                 expect_equal(exit_record(logs[0])["leaks"]["bytes"], 3 << 20, "leaked bytes")
+                # The exit record is written while the pool can still be queried.
+                d = exit_device(logs[0])[1]
+                expect(d["reserved_bytes_peak"] > 0 and d["device_free"] is not None, f"exit figures: {d}")
+                return f"exit record: reserved peak {d['reserved_bytes_peak']}, device free {d['device_free']}"
             self.case(f"demo [{runtime}]", demo)
 
             def oom_exit(runtime=runtime, check=check):
