@@ -241,21 +241,23 @@ void BackgroundWorker::end(const ExitExtras& extras) {
 }
 
 void BackgroundWorker::run() {
-  // The worker's pool queries and trims must never invalidate an application's stream
-  // capture (DESIGN §3): this thread stays in relaxed capture mode.
-  CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
-  const DriverApi& driver = router_.driver();
-  if (driver.cuThreadExchangeStreamCaptureMode != nullptr)
-    driver.cuThreadExchangeStreamCaptureMode(&relaxed);
-  // What the shim has to say at start, said here rather than in the hook that started it.
-  for (const auto& w : startup_warnings_) print_stderr("warning: " + w);
-  if (router_.config().verbose) {
-    print_stderr("version " + std::string(poolshim_version_string()) + ", log " +
-                 (info_.log_path.empty() ? std::string("disabled") : info_.log_path));
-    for (const auto& line : describe_config(router_.config())) print_stderr("option " + line);
-  }
   {
+    // Every driver call of this thread happens under the gate that fork() waits for.
     std::lock_guard<std::mutex> gate(tick_mutex_);
+    // The worker's pool queries and trims must never invalidate an application's stream
+    // capture (DESIGN §3): this thread stays in relaxed capture mode.
+    CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
+    const DriverApi& driver = router_.driver();
+    if (driver.cuThreadExchangeStreamCaptureMode != nullptr) {
+      driver.cuThreadExchangeStreamCaptureMode(&relaxed);
+    }
+    // What the shim has to say at start, said here rather than in the hook that started it.
+    for (const auto& w : startup_warnings_) print_stderr("warning: " + w);
+    if (router_.config().verbose) {
+      print_stderr("version " + std::string(poolshim_version_string()) + ", log " +
+                   (info_.log_path.empty() ? std::string("disabled") : info_.log_path));
+      for (const auto& line : describe_config(router_.config())) print_stderr("option " + line);
+    }
     begin();
   }
   const std::uint64_t sample_ms = router_.config().sample_ms;

@@ -70,6 +70,9 @@ def parser():
                    help="Perfetto time axis: 'wall' (default) places each process at its start time "
                         "(start_unix_s, whole seconds) so that runs and ranks line up; 'zero' starts every "
                         "process at 0")
+    p.add_argument("--no-lines", action="store_true",
+                   help="do not ask addr2line for the file and line of call-site frames (by default "
+                        "it is asked when it is on PATH and the modules are readable)")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="print nothing but errors (with --html or --perfetto): no summary, no 'wrote FILE' line")
     return p
@@ -103,6 +106,7 @@ def main(argv=None):
     if args.html and args.perfetto and os.path.realpath(args.html) == os.path.realpath(args.perfetto):
         print(f"{PROG}: error: --html and --perfetto name the same file", file=sys.stderr)
         return 2
+    model.ANNOTATE_LINES = not args.no_lines
     try:
         report = model.load(args.logs)
     except LogError as e:

@@ -159,9 +159,10 @@ def frame_text(frame, short=True, width=None, offsets=True):
         name = short_function(function) if short else function
         offset = frame.get("function_offset")
         suffix = f"+0x{int(offset):x}" if offsets and offset is not None else ""
+        place = f" at {frame['line']}" if frame.get("line") else ""
         if width is not None:
-            name = shorten_middle(name, max(width - len(base) - len(suffix) - 3, 12))
-        return f"{name}{suffix} ({base})"
+            name = shorten_middle(name, max(width - len(base) - len(suffix) - len(place) - 3, 12))
+        return f"{name}{suffix} ({base}){place}"
     offset = frame.get("offset")
     return base if offset is None else f"{base}+0x{int(offset):x}"
 

@@ -13,6 +13,8 @@ import os
 import shlex
 
 import poolshim_log
+
+from . import lines
 from poolshim_log import LogError
 
 from .fmt import site_key
@@ -153,10 +155,16 @@ def _line_numbers(path):
         return [n for n, line in enumerate(handle, start=1) if line.strip()]
 
 
+# Whether frames get their file:line from addr2line (cli's --no-lines turns it off).
+ANNOTATE_LINES = True
+
+
 def read_records(path):
     """poolshim_log.read_log, plus a type check of the fields the report uses. Raises LogError."""
     try:
         records = poolshim_log.read_log(path)
+        if ANNOTATE_LINES:
+            lines.annotate(records)
     except MemoryError:
         raise LogError(f"{path}: too large to read") from None
     for index, record in enumerate(records):

@@ -201,6 +201,16 @@ def case_oom_verdict_cap(tmp):
 
 
 @case
+def case_report_names_file_and_line_of_call_sites(tmp):
+    shim, records, o = oom_case(tmp, "fragmentation", {"CUDADOUBLE_MEM": "32M"})
+    report = subprocess.run([os.path.join(ROOT, "scripts", "poolshim-report"), logs(tmp)[0]], capture_output=True,
+                            text=True, timeout=60)
+    expect_equal(report.returncode, 0, f"report exit status\n{report.stderr}")
+    expect("(oom_cases) at oom_cases.cpp:" in report.stdout,
+           f"no file:line in\n{report.stdout}")
+
+
+@case
 def case_oom_repeats_are_reported_once(tmp):
     # A retry loop: the same failing allocation again and again gives one record.
     env = {"POOLSHIM_LIMIT": "8M", "POOLSHIM_BACKTRACE": "4"}
