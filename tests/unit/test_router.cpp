@@ -1,6 +1,8 @@
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "driver_double.h"
@@ -36,6 +38,22 @@ Config test_config() {
   return c;
 }
 
+Config ordered_config() {
+  Config c = test_config();
+  c.free = "ordered";
+  return c;
+}
+
+// One router over a driver double; tests bind its parts by name.
+struct Rig {
+  DriverDouble d;
+  Config config;
+  EventQueue events;
+  Router router;
+  Rig(int devices, std::size_t bytes_each, Config c = test_config())
+      : d(devices, bytes_each), config(std::move(c)), router(d.api, config, events) {}
+};
+
 std::vector<Event> drain(EventQueue& q) {
   std::vector<Event> out;
   q.drain(out);
@@ -45,10 +63,8 @@ std::vector<Event> drain(EventQueue& q) {
 }  // namespace
 
 TEST_CASE("router: cudaMalloc is served from the device's pool, counted once") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = test_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
   RealStub real;
   void* p = nullptr;
   p = sync_alloc(router, 0, 1000, real);
@@ -68,10 +84,8 @@ TEST_CASE("router: cudaMalloc is served from the device's pool, counted once") {
 }
 
 TEST_CASE("router: cudaFree synchronizes the device and keeps the block cached for reuse") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = test_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
   RealStub real;
   void* p = nullptr;
   p = sync_alloc(router, 0, 1000, real);
@@ -96,10 +110,8 @@ TEST_CASE("router: cudaFree synchronizes the device and keeps the block cached f
 }
 
 TEST_CASE("router: a pointer the pool did not hand out goes to the real cudaFree unchanged") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = test_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
   RealStub real;
   void* p = nullptr;
   p = sync_alloc(router, 0, 512, real);  // makes device 0's context current
@@ -115,10 +127,8 @@ TEST_CASE("router: a pointer the pool did not hand out goes to the real cudaFree
 }
 
 TEST_CASE("router: out of memory with enough unused pool memory is trimmed and retried") {
-  DriverDouble d(1, 16 * MiB);
-  Config config = test_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 16 * MiB);
+  auto& [d, config, events, router] = rig;
   RealStub real;
   std::vector<void*> blocks(8);
   for (auto& b : blocks) b = sync_alloc(router, 0, 3 * MiB / 2, real);
@@ -138,11 +148,10 @@ TEST_CASE("router: out of memory with enough unused pool memory is trimmed and r
 }
 
 TEST_CASE("router: with oom_retry off the real function's OOM stands, counted as fragmentation") {
-  DriverDouble d(1, 16 * MiB);
-  Config config = test_config();
-  config.oom_retry = false;
-  EventQueue events;
-  Router router(d.api, config, events);
+  Config c = test_config();
+  c.oom_retry = false;
+  Rig rig(1, 16 * MiB, c);
+  auto& [d, config, events, router] = rig;
   RealStub ok;
   std::vector<void*> blocks(8);
   for (auto& b : blocks) b = sync_alloc(router, 0, 3 * MiB / 2, ok);
@@ -173,10 +182,8 @@ TEST_CASE("router: with oom_retry off the real function's OOM stands, counted as
 TEST_CASE(
     "router: a request no trim could satisfy fails natively, without a retry, and the pool gives "
     "its unused memory back") {
-  DriverDouble d(1, 16 * MiB);
-  Config config = test_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 16 * MiB);
+  auto& [d, config, events, router] = rig;
   RealStub ok;
   void* p = nullptr;
   p = sync_alloc(router, 0, MiB, ok);
@@ -200,11 +207,10 @@ TEST_CASE(
 }
 
 TEST_CASE("router: an allocation the pool cannot serve but the real function can is a fallback") {
-  DriverDouble d(1, 16 * MiB);
-  Config config = test_config();
-  config.oom_retry = false;
-  EventQueue events;
-  Router router(d.api, config, events);
+  Config c = test_config();
+  c.oom_retry = false;
+  Rig rig(1, 16 * MiB, c);
+  auto& [d, config, events, router] = rig;
   RealStub ok;
   std::vector<void*> blocks(8);
   for (auto& b : blocks) b = sync_alloc(router, 0, 3 * MiB / 2, ok);
@@ -221,10 +227,8 @@ TEST_CASE("router: an allocation the pool cannot serve but the real function can
 }
 
 TEST_CASE("router: cudaMallocAsync allocates in the stream's order from the pool") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = test_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
   d.make_current(0);
   CUstream stream = nullptr;
   REQUIRE(d.api.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
@@ -249,10 +253,8 @@ TEST_CASE("router: cudaMallocAsync allocates in the stream's order from the pool
 }
 
 TEST_CASE("router: cudaMallocAsync with an application-owned current pool passes through") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = test_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
   router.set_app_pool(0, true);
   RealStub real;
   CHECK(async_alloc(router, 0, 4096, nullptr, real) == nullptr);
@@ -265,10 +267,8 @@ TEST_CASE("router: cudaMallocAsync with an application-owned current pool passes
 }
 
 TEST_CASE("router: cudaDeviceReset drops the pool and the device's live allocations") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = test_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
   RealStub real;
   void* a = sync_alloc(router, 0, 1000, real);
   CHECK(sync_alloc(router, 0, 5000, real) != nullptr);
@@ -295,10 +295,8 @@ TEST_CASE("router: cudaDeviceReset drops the pool and the device's live allocati
 }
 
 TEST_CASE("router: a thread with no current context gets the device's primary context") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = test_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 64 * MiB);
+  Router& router = rig.router;  // lambdas capture it (C++17 cannot capture bindings)
   void* p = nullptr;
   int real_calls = 0;
   std::thread t([&] {
@@ -313,10 +311,8 @@ TEST_CASE("router: a thread with no current context gets the device's primary co
 }
 
 TEST_CASE("router: another device's context being current makes cudaMalloc pass through") {
-  DriverDouble d(2, 64 * MiB);
-  Config config = test_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(2, 64 * MiB);
+  auto& [d, config, events, router] = rig;
   d.make_current(1);
   RealStub real;
   CHECK(sync_alloc(router, 0, 1000, real) == nullptr);
@@ -328,10 +324,8 @@ TEST_CASE("router: another device's context being current makes cudaMalloc pass 
 }
 
 TEST_CASE("router: each device has its own pool and counters") {
-  DriverDouble d(2, 64 * MiB);
-  Config config = test_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(2, 64 * MiB);
+  auto& [d, config, events, router] = rig;
   RealStub real;
   d.make_current(0);
   void* p0 = sync_alloc(router, 0, 3 * MiB, real);
@@ -349,10 +343,8 @@ TEST_CASE("router: each device has its own pool and counters") {
 }
 
 TEST_CASE("router: a free while routing is suspended goes to the real function and is forgotten") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = test_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
   RealStub real;
   void* p = nullptr;
   p = sync_alloc(router, 0, 1000, real);
@@ -365,10 +357,8 @@ TEST_CASE("router: a free while routing is suspended goes to the real function a
 }
 
 TEST_CASE("router: a failed real free of a pooled pointer keeps it live") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = test_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
   RealStub ok;
   void* p = nullptr;
   p = sync_alloc(router, 0, 1000, ok);
@@ -379,10 +369,8 @@ TEST_CASE("router: a failed real free of a pooled pointer keeps it live") {
 }
 
 TEST_CASE("router: zero live allocations after many threads allocate and free concurrently") {
-  DriverDouble d(1, 256 * MiB);
-  Config config = test_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 256 * MiB);
+  Router& router = rig.router;  // lambdas capture it (C++17 cannot capture bindings)
   std::vector<std::thread> threads;
   std::atomic<int> real_calls{0};
   for (int t = 0; t < 8; ++t) {
@@ -408,19 +396,9 @@ TEST_CASE("router: zero live allocations after many threads allocate and free co
   CHECK(s.pool.used == 0);
 }
 
-namespace {
-Config ordered_config() {
-  Config c = test_config();
-  c.free = "ordered";
-  return c;
-}
-}  // namespace
-
 TEST_CASE("router: an ordered free waits on the device's streams, not the host") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = ordered_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 64 * MiB, ordered_config());
+  auto& [d, config, events, router] = rig;
   StreamRegistry streams;
   router.set_stream_registry(&streams);
   d.make_current(0);
@@ -446,10 +424,8 @@ TEST_CASE("router: an ordered free waits on the device's streams, not the host")
 }
 
 TEST_CASE("router: an ordered free falls back to sync when stream creation was not seen") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = ordered_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 64 * MiB, ordered_config());
+  auto& [d, config, events, router] = rig;
   StreamRegistry streams;  // never marked observed
   router.set_stream_registry(&streams);
   RealStub real;
@@ -465,10 +441,8 @@ TEST_CASE("router: an ordered free falls back to sync when stream creation was n
 }
 
 TEST_CASE("router: an ordered free falls back to sync while another device is active") {
-  DriverDouble d(2, 64 * MiB);
-  Config config = ordered_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(2, 64 * MiB, ordered_config());
+  auto& [d, config, events, router] = rig;
   StreamRegistry streams;
   streams.mark_observed();
   router.set_stream_registry(&streams);
@@ -483,10 +457,8 @@ TEST_CASE("router: an ordered free falls back to sync while another device is ac
 }
 
 TEST_CASE("router: an ordered free falls back to sync once the application made a context") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = ordered_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 64 * MiB, ordered_config());
+  auto& [d, config, events, router] = rig;
   StreamRegistry streams;
   streams.mark_observed();
   streams.mark_foreign_context();
@@ -499,10 +471,8 @@ TEST_CASE("router: an ordered free falls back to sync once the application made 
 }
 
 TEST_CASE("router: a destroyed stream's queued work still orders later ordered frees") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = ordered_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 64 * MiB, ordered_config());
+  auto& [d, config, events, router] = rig;
   StreamRegistry streams;
   streams.mark_observed();
   router.set_stream_registry(&streams);
@@ -526,10 +496,8 @@ TEST_CASE("router: a destroyed stream's queued work still orders later ordered f
 }
 
 TEST_CASE("router: a stream without an event makes an ordered free synchronize instead") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = ordered_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 64 * MiB, ordered_config());
+  auto& [d, config, events, router] = rig;
   StreamRegistry streams;
   streams.mark_observed();
   router.set_stream_registry(&streams);
@@ -546,10 +514,8 @@ TEST_CASE("router: a stream without an event makes an ordered free synchronize i
 }
 
 TEST_CASE("router: cudaDeviceReset forgets the device's registered streams") {
-  DriverDouble d(2, 64 * MiB);
-  Config config = ordered_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(2, 64 * MiB, ordered_config());
+  auto& [d, config, events, router] = rig;
   StreamRegistry streams;
   router.set_stream_registry(&streams);
   streams.add({reinterpret_cast<CUstream>(0x10), 0, nullptr});
@@ -562,10 +528,8 @@ TEST_CASE("router: cudaDeviceReset forgets the device's registered streams") {
 }
 
 TEST_CASE("router: peer access opens the peer's pool, also one made afterwards") {
-  DriverDouble d(2, 64 * MiB);
-  Config config = test_config();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(2, 64 * MiB);
+  auto& [d, config, events, router] = rig;
   PeerAccess peers;
   router.set_peer_access(&peers);
   peers.enable(1, 0);  // device 1 reaches device 0's memory, before device 0's pool exists
@@ -584,11 +548,10 @@ TEST_CASE("router: peer access opens the peer's pool, also one made afterwards")
 }
 
 TEST_CASE("router: a capped pool refuses growth past the cap with the native error") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = test_config();
-  config.limit = *parse_size("16M", true);
-  EventQueue events;
-  Router router(d.api, config, events);
+  Config c = test_config();
+  c.limit = *parse_size("16M", true);
+  Rig rig(1, 64 * MiB, c);
+  auto& [d, config, events, router] = rig;
   RealStub ok;
   for (int i = 0; i < 3; ++i) CHECK(sync_alloc(router, 0, 4 * MiB, ok) != nullptr);  // 12 MiB
   std::size_t free = 60 * MiB;
@@ -613,11 +576,10 @@ TEST_CASE("router: a capped pool refuses growth past the cap with the native err
 }
 
 TEST_CASE("router: POOLSHIM_LIMIT_<device> caps that device only") {
-  DriverDouble d(2, 64 * MiB);
   const ParsedConfig parsed = parse_config({"POOLSHIM_LIMIT_1=8M"});
   REQUIRE(parsed.warnings.empty());
-  EventQueue events;
-  Router router(d.api, parsed.config, events);
+  Rig rig(2, 64 * MiB, parsed.config);
+  auto& [d, config, events, router] = rig;
   RealStub ok;
   d.make_current(0);
   CHECK(sync_alloc(router, 0, 10 * MiB, ok) != nullptr);
