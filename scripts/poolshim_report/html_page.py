@@ -18,7 +18,7 @@ import math
 
 from . import fmt
 from .fmt import NONE, fmt_bytes, fmt_bytes_or_none, fmt_count, fmt_duration, fmt_pct, fmt_seconds, fmt_unix
-from .model import rank_key, verdict_counts_text
+from .model import verdict_counts_text
 
 SERIES = (("reserved", "reserved_bytes"), ("used", "used_bytes"), ("requested", "requested_bytes"))
 UNITS = (("TiB", 1024 ** 4), ("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024), ("B", 1))
@@ -394,22 +394,15 @@ def overview(report):
 def merged(report):
     out = ['<section class="merged" id="merged"><h2>All processes</h2>']
     runs = report.runs
-    ooms = report.oom_counts()
-    leak_count = sum((r.leaks or {}).get("count", 0) for r in runs)
-    leak_bytes = sum((r.leaks or {}).get("bytes", 0) for r in runs)
-    no_exit = sum(1 for r in runs if r.exit is None)
-    repeats = sum(r.oom_repeats for r in runs)
+    leak_count, leak_bytes = report.leak_totals()
+    no_exit = report.runs_without_exit()
     totals = [
         ("processes", f"{len(runs)} from {len(report.paths)} log{'s' if len(report.paths) != 1 else ''}"
                       + (f"; {no_exit} without an exit record" if no_exit else "")),
-        ("hosts", ", ".join(sorted({r.host for r in runs if r.host})) or NONE),
-        ("ranks", ", ".join(sorted({r.rank for r in runs if r.rank is not None}, key=rank_key)) or NONE),
-        ("allocations", f"{fmt_count(report.total('allocs'))} pooled ({fmt_count(report.total('async_allocs'))} async), "
-                        f"{fmt_count(report.total('passthrough_allocs'))} passed through, "
-                        f"{fmt_count(report.total('fallback_allocs'))} fallback, "
-                        f"{fmt_count(report.total('failed_allocs'))} failed"),
-        ("out of memory", f"{sum(ooms.values())}" + (f" ({verdict_counts_text(ooms)})" if ooms else "")
-                          + (f", and {fmt_count(repeats)} repeats not logged" if repeats else "")),
+        ("hosts", ", ".join(report.hosts()) or NONE),
+        ("ranks", ", ".join(report.ranks()) or NONE),
+        ("allocations", report.allocations_text()),
+        ("out of memory", report.ooms_text()),
         ("leaks at exit", f"{fmt_count(leak_count)} allocations, {fmt_bytes(leak_bytes)}"),
         ("warnings", str(sum(len(r.warnings) for r in runs))),
     ]
@@ -426,23 +419,10 @@ def merged(report):
     out.append(_table("merged-devices", ["device", "rank", "host", "pid", "peak reserved", "peak used",
                                          "peak requested", "final reserved", "live at end", "pooled", "OOMs"],
                       rows, numeric=(0, 3, 4, 5, 6, 7, 8, 9, 10)))
-    by_device = {}
-    for run, d in report.device_rows():
-        by_device.setdefault(d.device, []).append((run, d))
-    ranks = [r.rank for r in runs]
-    unique_ranks = None not in ranks and len(set(ranks)) == len(ranks)
-
-    def who(run):
-        return f"rank {run.rank}" if unique_ranks else f"pid {run.pid}"
-
-    rows = []
-    for dev, entries in sorted(by_device.items()):
-        peaks = [(d.peak("reserved_bytes") or 0, run) for run, d in entries]
-        high = max(peaks, key=lambda p: p[0])
-        low = min(peaks, key=lambda p: p[0])
-        rows.append([esc(dev), esc(len(entries)), esc(f"{fmt_bytes(high[0])} ({who(high[1])})"),
-                     esc(f"{fmt_bytes(low[0])} ({who(low[1])})"), esc(fmt_bytes(sum(p[0] for p in peaks))),
-                     esc(sum(len(d.ooms) for _, d in entries))])
+    rows = [[esc(o["device"]), esc(o["processes"]),
+             esc(f"{fmt_bytes(o['high'][0])} ({report.process_name(o['high'][1])})"),
+             esc(f"{fmt_bytes(o['low'][0])} ({report.process_name(o['low'][1])})"), esc(fmt_bytes(o["sum"])),
+             esc(o["ooms"])] for o in report.ordinal_peaks()]
     out.append('<h3>Per device ordinal, over its processes</h3>')
     out.append(_table("merged-ordinals", ["device", "processes", "highest peak reserved", "lowest peak reserved",
                                           "sum of peaks", "OOMs"], rows, numeric=(0, 1, 2, 3, 4, 5)))

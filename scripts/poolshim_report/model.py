@@ -17,7 +17,7 @@ import poolshim_log
 from . import lines
 from poolshim_log import LogError
 
-from .fmt import site_key
+from .fmt import fmt_count, site_key
 
 VERDICTS = ("exhausted", "cap", "fragmentation")
 
@@ -514,6 +514,53 @@ class Report:
                 v = o.get("verdict") or "unknown"
                 counts[v] = counts.get(v, 0) + 1
         return counts
+
+    def hosts(self):
+        return sorted({r.host for r in self.runs if r.host})
+
+    def ranks(self):
+        return sorted({r.rank for r in self.runs if r.rank is not None}, key=rank_key)
+
+    def leak_totals(self):
+        """(allocations, bytes) still live at exit, over every run."""
+        return (sum((r.leaks or {}).get("count", 0) for r in self.runs),
+                sum((r.leaks or {}).get("bytes", 0) for r in self.runs))
+
+    def runs_without_exit(self):
+        return sum(1 for r in self.runs if r.exit is None)
+
+    def process_name(self, run):
+        """How merged tables name a process: by rank where every run has a rank of its own, else by pid."""
+        ranks = [r.rank for r in self.runs]
+        unique = None not in ranks and len(set(ranks)) == len(ranks)
+        return f"rank {run.rank}" if unique else f"pid {run.pid}"
+
+    def ordinal_peaks(self):
+        """Per device ordinal, over the processes that used it, by ordinal: [{"device", "processes",
+        "high": (peak reserved bytes, run), "low": (bytes, run), "sum" (of the peaks), "ooms"}]."""
+        by_device = {}
+        for run, d in self.device_rows():
+            by_device.setdefault(d.device, []).append((run, d))
+        out = []
+        for dev, entries in sorted(by_device.items()):
+            peaks = [(d.peak("reserved_bytes") or 0, run) for run, d in entries]
+            out.append({"device": dev, "processes": len(entries), "high": max(peaks, key=lambda p: p[0]),
+                        "low": min(peaks, key=lambda p: p[0]), "sum": sum(p[0] for p in peaks),
+                        "ooms": sum(len(d.ooms) for _, d in entries)})
+        return out
+
+    def allocations_text(self):
+        """The merged allocation counts, as one line."""
+        return (f"{fmt_count(self.total('allocs'))} pooled ({fmt_count(self.total('async_allocs'))} async), "
+                f"{fmt_count(self.total('passthrough_allocs'))} passed through, "
+                f"{fmt_count(self.total('fallback_allocs'))} fallback, {fmt_count(self.total('failed_allocs'))} failed")
+
+    def ooms_text(self):
+        """The merged out-of-memory count, by verdict, with the repeats the shim did not log."""
+        ooms = self.oom_counts()
+        repeats = sum(r.oom_repeats for r in self.runs)
+        return (f"{sum(ooms.values())}" + (f" ({verdict_counts_text(ooms)})" if ooms else "")
+                + (f", and {fmt_count(repeats)} repeats not logged" if repeats else ""))
 
     def leak_sites(self):
         return _merge_site_rows([(run, row) for run in self.runs

@@ -9,7 +9,7 @@ import textwrap
 
 from .fmt import (NONE, fmt_bytes, fmt_bytes_or_none, fmt_count, fmt_duration, fmt_pct, fmt_unix,
                   frame_text, shorten_middle, site_key, site_text, site_texts)
-from .model import rank_key, verdict_counts_text
+from .model import verdict_counts_text
 
 WIDTH = 120            # site lines are cut, hints wrapped, to this width unless --full
 DEVICES_PER_TABLE = 4  # device columns side by side
@@ -261,24 +261,31 @@ def run_section(run, full=False, several_logs=False):
     return lines
 
 
+def _merged_sites(lines, title, figures_header, sites, figures, full):
+    """Append a table of merged call sites (if any): `figures(site)` gives the cells before the
+    process count and the call site."""
+    if not sites:
+        return
+    lines.append("")
+    lines.append(f"  {title}")
+    shown = sites if full else sites[:SHORT_LIMITS["merged_sites"]]
+    rows = [figures_header + ["processes", "call site"]]
+    texts = site_texts([s["site"] for s in shown], None if full else WIDTH - 36)
+    rows += [figures(s) + [str(len(s["runs"])), t] for s, t in zip(shown, texts)]
+    lines.extend(table(rows, "rrrl", indent=4))
+    _more(lines, len(shown), len(sites), "call sites", 4)
+
+
 def merged_section(report, full=False):
     runs = report.runs
     lines = [f"== merged: {len(runs)} processes from {len(report.paths)} log{'s' if len(report.paths) != 1 else ''}"]
-    hosts = sorted({r.host for r in runs if r.host})
-    ranks = sorted({r.rank for r in runs if r.rank is not None}, key=rank_key)
-    ooms = report.oom_counts()
-    leak_count = sum((r.leaks or {}).get("count", 0) for r in runs)
-    leak_bytes = sum((r.leaks or {}).get("bytes", 0) for r in runs)
-    no_exit = sum(1 for r in runs if r.exit is None)
-    repeats = sum(r.oom_repeats for r in runs)
+    leak_count, leak_bytes = report.leak_totals()
+    no_exit = report.runs_without_exit()
     meta = [
-        ("hosts", ", ".join(hosts) or NONE),
-        ("ranks", ", ".join(ranks) or NONE),
-        ("allocations", f"{fmt_count(report.total('allocs'))} pooled ({fmt_count(report.total('async_allocs'))} async), "
-                        f"{fmt_count(report.total('passthrough_allocs'))} passed through, "
-                        f"{fmt_count(report.total('fallback_allocs'))} fallback, {fmt_count(report.total('failed_allocs'))} failed"),
-        ("out of memory", f"{sum(ooms.values())}" + (f" ({verdict_counts_text(ooms)})" if ooms else "")
-                          + (f", and {fmt_count(repeats)} repeats not logged" if repeats else "")),
+        ("hosts", ", ".join(report.hosts()) or NONE),
+        ("ranks", ", ".join(report.ranks()) or NONE),
+        ("allocations", report.allocations_text()),
+        ("out of memory", report.ooms_text()),
         ("leaks at exit", f"{fmt_count(leak_count)} allocations, {fmt_bytes(leak_bytes)}"
                           + (f"; {no_exit} process{'es' if no_exit != 1 else ''} without an exit record" if no_exit else "")),
         ("warnings", str(sum(len(r.warnings) for r in runs))),
@@ -294,43 +301,19 @@ def merged_section(report, full=False):
                      fmt_bytes_or_none(d.peak("requested_bytes")), fmt_bytes_or_none(d.last("reserved_bytes")),
                      fmt_bytes_or_none(d.last("requested_bytes")), fmt_count(d.counter("allocs")), str(len(d.ooms))])
     lines.extend(table(rows, "rllrrrrrrrr", indent=4))
-    rank_list = [r.rank for r in runs]
-    unique_ranks = None not in rank_list and len(set(rank_list)) == len(rank_list)
-    by_device = {}
-    for run, d in report.device_rows():
-        by_device.setdefault(d.device, []).append((run, d))
     summary = [["device", "processes", "highest peak reserved", "lowest peak reserved", "sum of peaks", "OOMs"]]
-    for dev, entries in sorted(by_device.items()):
-        peaks = [(d.peak("reserved_bytes") or 0, run) for run, d in entries]
-        high = max(peaks, key=lambda p: p[0])
-        low = min(peaks, key=lambda p: p[0])
-        who = lambda run: f"rank {run.rank}" if unique_ranks else f"pid {run.pid}"  # noqa: E731
-        summary.append([str(dev), str(len(entries)), f"{fmt_bytes(high[0])} ({who(high[1])})",
-                        f"{fmt_bytes(low[0])} ({who(low[1])})", fmt_bytes(sum(p[0] for p in peaks)),
-                        str(sum(len(d.ooms) for _, d in entries))])
+    for o in report.ordinal_peaks():
+        summary.append([str(o["device"]), str(o["processes"]),
+                        f"{fmt_bytes(o['high'][0])} ({report.process_name(o['high'][1])})",
+                        f"{fmt_bytes(o['low'][0])} ({report.process_name(o['low'][1])})", fmt_bytes(o["sum"]),
+                        str(o["ooms"])])
     lines.append("")
     lines.append("  per device ordinal, over its processes")
     lines.extend(table(summary, "rrrrrr", indent=4))
-    sites = report.leak_sites()
-    if sites:
-        lines.append("")
-        lines.append("  leaks by call site, all processes")
-        shown = sites if full else sites[:SHORT_LIMITS["merged_sites"]]
-        rows = [["bytes", "count", "processes", "call site"]]
-        texts = site_texts([s["site"] for s in shown], None if full else WIDTH - 36)
-        rows += [[fmt_bytes(s["bytes"]), fmt_count(s["count"]), str(len(s["runs"])), t] for s, t in zip(shown, texts)]
-        lines.extend(table(rows, "rrrl", indent=4))
-        _more(lines, len(shown), len(sites), "call sites", 4)
-    oom_sites = report.oom_sites()
-    if oom_sites:
-        lines.append("")
-        lines.append("  out-of-memory errors by failing call site, all processes")
-        shown = oom_sites if full else oom_sites[:SHORT_LIMITS["merged_sites"]]
-        rows = [["OOMs", "requested", "processes", "call site"]]
-        texts = site_texts([s["site"] for s in shown], None if full else WIDTH - 36)
-        rows += [[str(s["count"]), fmt_bytes(s["bytes"]), str(len(s["runs"])), t] for s, t in zip(shown, texts)]
-        lines.extend(table(rows, "rrrl", indent=4))
-        _more(lines, len(shown), len(oom_sites), "call sites", 4)
+    _merged_sites(lines, "leaks by call site, all processes", ["bytes", "count"], report.leak_sites(),
+                  lambda s: [fmt_bytes(s["bytes"]), fmt_count(s["count"])], full)
+    _merged_sites(lines, "out-of-memory errors by failing call site, all processes", ["OOMs", "requested"],
+                  report.oom_sites(), lambda s: [str(s["count"]), fmt_bytes(s["bytes"])], full)
     return lines
 
 
