@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "cuda_api.h"
 #include "cudadouble.h"
@@ -64,6 +65,17 @@ class DriverDouble {
   void (*reset_)(int, std::size_t) = nullptr;
   int (*stats_)(int, struct cudadouble_device_stats*) = nullptr;
   unsigned long long (*calls_)(const char*) = nullptr;
+};
+
+/// One router over a driver double; tests bind its parts by name:
+/// `auto& [d, config, events, router] = rig;`.
+struct Rig {
+  DriverDouble d;
+  Config config;
+  EventQueue events;
+  Router router;
+  Rig(int devices, std::size_t bytes_each, Config c = Config::defaults())
+      : d(devices, bytes_each), config(std::move(c)), router(d.api, config, events) {}
 };
 
 /// Calls a stand-in for the real allocation function, with the size asked when it takes one.

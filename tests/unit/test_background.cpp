@@ -16,8 +16,8 @@
 
 using namespace poolshim;
 using poolshim::testing::async_alloc;
-using poolshim::testing::DriverDouble;
 using poolshim::testing::MiB;
+using poolshim::testing::Rig;
 using poolshim::testing::sync_alloc;
 
 namespace {
@@ -77,10 +77,8 @@ TEST_CASE("log file: a symbolic link is refused with a sentence saying so") {
 }
 
 TEST_CASE("worker: start, sample and exit records with the pool's figures") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = Config::defaults();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
   const std::string path = temp_path("records");
   std::remove(path.c_str());
   BackgroundWorker worker(router, events, info_for(path), {"a startup warning"});
@@ -122,10 +120,8 @@ TEST_CASE("worker: start, sample and exit records with the pool's figures") {
 }
 
 TEST_CASE("worker: an OOM event becomes an oom record with verdict and hint") {
-  DriverDouble d(1, 16 * MiB);
-  Config config = Config::defaults();
-  EventQueue events;
-  Router router(d.api, config, events);
+  Rig rig(1, 16 * MiB);
+  auto& [d, config, events, router] = rig;
   const std::string path = temp_path("oom");
   std::remove(path.c_str());
   BackgroundWorker worker(router, events, info_for(path), {});
@@ -147,11 +143,10 @@ TEST_CASE("worker: an OOM event becomes an oom record with verdict and hint") {
 }
 
 TEST_CASE("worker: an idle pool is trimmed gradually down to the release threshold") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = Config::defaults();
-  config.idle_trim_ms = 1000;
-  EventQueue events;
-  Router router(d.api, config, events);
+  Config c = Config::defaults();
+  c.idle_trim_ms = 1000;
+  Rig rig(1, 64 * MiB, c);
+  auto& [d, config, events, router] = rig;
   BackgroundWorker worker(router, events, info_for(""), {});
   worker.begin();
   std::vector<void*> blocks(4);
@@ -176,12 +171,11 @@ TEST_CASE("worker: an idle pool is trimmed gradually down to the release thresho
 }
 
 TEST_CASE("worker: release_threshold keeps that much unused memory cached") {
-  DriverDouble d(1, 64 * MiB);
-  Config config = Config::defaults();
-  config.idle_trim_ms = 1000;
-  config.release_threshold = *parse_size("8M", true);
-  EventQueue events;
-  Router router(d.api, config, events);
+  Config c = Config::defaults();
+  c.idle_trim_ms = 1000;
+  c.release_threshold = *parse_size("8M", true);
+  Rig rig(1, 64 * MiB, c);
+  auto& [d, config, events, router] = rig;
   BackgroundWorker worker(router, events, info_for(""), {});
   worker.begin();
   std::vector<void*> blocks(4);

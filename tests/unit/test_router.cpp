@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "driver_double.h"
@@ -11,8 +10,8 @@
 
 using namespace poolshim;
 using poolshim::testing::async_alloc;
-using poolshim::testing::DriverDouble;
 using poolshim::testing::MiB;
+using poolshim::testing::Rig;
 using poolshim::testing::sync_alloc;
 
 namespace {
@@ -32,27 +31,11 @@ struct RealStub {
   }
 };
 
-Config test_config() {
-  Config c = Config::defaults();
-  c.log.clear();
-  return c;
-}
-
 Config ordered_config() {
-  Config c = test_config();
+  Config c = Config::defaults();
   c.free = "ordered";
   return c;
 }
-
-// One router over a driver double; tests bind its parts by name.
-struct Rig {
-  DriverDouble d;
-  Config config;
-  EventQueue events;
-  Router router;
-  Rig(int devices, std::size_t bytes_each, Config c = test_config())
-      : d(devices, bytes_each), config(std::move(c)), router(d.api, config, events) {}
-};
 
 std::vector<Event> drain(EventQueue& q) {
   std::vector<Event> out;
@@ -148,7 +131,7 @@ TEST_CASE("router: out of memory with enough unused pool memory is trimmed and r
 }
 
 TEST_CASE("router: with oom_retry off the real function's OOM stands, counted as fragmentation") {
-  Config c = test_config();
+  Config c = Config::defaults();
   c.oom_retry = false;
   Rig rig(1, 16 * MiB, c);
   auto& [d, config, events, router] = rig;
@@ -207,7 +190,7 @@ TEST_CASE(
 }
 
 TEST_CASE("router: an allocation the pool cannot serve but the real function can is a fallback") {
-  Config c = test_config();
+  Config c = Config::defaults();
   c.oom_retry = false;
   Rig rig(1, 16 * MiB, c);
   auto& [d, config, events, router] = rig;
@@ -548,7 +531,7 @@ TEST_CASE("router: peer access opens the peer's pool, also one made afterwards")
 }
 
 TEST_CASE("router: a capped pool refuses growth past the cap with the native error") {
-  Config c = test_config();
+  Config c = Config::defaults();
   c.limit = *parse_size("16M", true);
   Rig rig(1, 64 * MiB, c);
   auto& [d, config, events, router] = rig;
