@@ -15,6 +15,7 @@ namespace poolshim {
 
 struct Allocation {
   std::uint64_t requested = 0;  // bytes the application asked for
+  std::uint64_t capacity = 0;   // bytes of the pool block serving it (>= requested)
   std::uint64_t birth_ns = 0;   // coarse monotonic time of the allocation
   std::uintptr_t stream = 0;    // the stream of a cudaMallocAsync; 0 for cudaMalloc
   std::int32_t device = -1;

@@ -193,13 +193,14 @@ void BackgroundWorker::trim_if_idle(const DeviceSnapshot& snap, std::uint64_t no
   if (now - a.changed_ns < config.idle_trim_ms * 1000000ULL) return;
   const std::uint64_t threshold =
       config.release_threshold.resolve(snap.device_info_valid ? snap.device_total : 0);
-  const std::uint64_t unused =
-      snap.pool.reserved > snap.pool.used ? snap.pool.reserved - snap.pool.used : 0;
+  // Cached blocks are used to the pool but free to the application: they go back first.
+  const std::uint64_t cached = snap.stats.cached_bytes.current;
+  const std::uint64_t in_use = snap.pool.used > cached ? snap.pool.used - cached : 0;
+  const std::uint64_t unused = snap.pool.reserved > in_use ? snap.pool.reserved - in_use : 0;
   if (unused <= threshold) return;
   const std::uint64_t excess = unused - threshold;
   // Halve the excess each tick: a pause in the work does not cost the whole cache at once.
-  const std::uint64_t keep =
-      snap.pool.used + threshold + (excess > kTrimStepFloor ? excess / 2 : 0);
+  const std::uint64_t keep = in_use + threshold + (excess > kTrimStepFloor ? excess / 2 : 0);
   if (router_.trim_idle(snap.device, keep) == 0) a.exhausted = true;
 }
 
@@ -212,6 +213,7 @@ void BackgroundWorker::tick(std::uint64_t now) {
     snaps.push_back(router_.snapshot(device));
     if (sample_due) write(sample_record(t(now), info_.pid, snaps.back()));
     trim_if_idle(snaps.back(), now);
+    router_.tend_cache(device, now, config.cache_age_ms * 1000000ULL);
   }
   if (sample_due) write_prometheus(snaps);
   if (sample_due) {

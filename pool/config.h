@@ -43,6 +43,12 @@ namespace poolshim {
     "cudaFree mode. sync: synchronize the device, then return the block to the pool (native "      \
     "ordering). ordered: no host stall; the block is freed in stream order after the work of "     \
     "every stream of the device (sync where that cannot be proven).")                              \
+  X(cache, Size, "5%",                                                                             \
+    "Freed blocks kept per device in a user-space cache in front of the pool, so that reusing "    \
+    "one enters no driver call (bytes with K/M/G/T, or % of device memory; 0: no cache).")         \
+  X(cache_age_ms, Milliseconds, "1000",                                                            \
+    "A cached block not reused for this long goes back to the pool (checked every tick of the "    \
+    "background thread); 0 keeps blocks until idle_trim_ms, out-of-memory or the limit.")          \
   X(oom_retry, Bool, "1",                                                                          \
     "On out-of-memory, synchronize, trim the pool's unused memory and retry once.")                \
   X(limit, Size, "0",                                                                              \

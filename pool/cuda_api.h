@@ -31,6 +31,7 @@ namespace poolshim {
   X(cuDevicePrimaryCtxGetState)        \
   X(cuEventCreate)                     \
   X(cuEventRecord)                     \
+  X(cuEventQuery)                      \
   X(cuEventDestroy_v2)                 \
   X(cuStreamWaitEvent)                 \
   X(cuStreamGetCtx)                    \

@@ -41,6 +41,7 @@ std::unique_ptr<DevicePool> DevicePool::create(const DriverApi& driver, int ordi
   r = driver.cuStreamCreate(&p->stream_, CU_STREAM_NON_BLOCKING);
   if (r == CUDA_SUCCESS) r = driver.cuStreamCreate(&p->free_stream_, CU_STREAM_NON_BLOCKING);
   if (r == CUDA_SUCCESS) r = driver.cuEventCreate(&p->legacy_event_, CU_EVENT_DISABLE_TIMING);
+  if (r == CUDA_SUCCESS) r = driver.cuEventCreate(&p->fence_event_, CU_EVENT_DISABLE_TIMING);
   CUcontext popped = nullptr;
   driver.cuCtxPopCurrent_v2(&popped);
   if (r != CUDA_SUCCESS) {
@@ -57,6 +58,7 @@ std::unique_ptr<DevicePool> DevicePool::create(const DriverApi& driver, int ordi
   p->cap_ = settings.cap.resolve(total);
   if (p->cap_ > 0 && p->cap_ < total) props.maxSize = p->cap_;
   if (p->cap_ >= total) p->cap_ = 0;  // a cap the device cannot reach is no cap
+  p->cache_ = std::make_unique<BlockCache>(settings.cache.resolve(total));
   if ((r = driver.cuMemPoolCreate(&p->pool_, &props)) != CUDA_SUCCESS) {
     p->pool_ = nullptr;
     *error = failure(driver, "cuMemPoolCreate", r);
@@ -99,12 +101,16 @@ void DevicePool::release() {
   if (stream_ != nullptr) driver_.cuStreamDestroy_v2(stream_);
   if (free_stream_ != nullptr) driver_.cuStreamDestroy_v2(free_stream_);
   if (legacy_event_ != nullptr) driver_.cuEventDestroy_v2(legacy_event_);
+  if (fence_event_ != nullptr) driver_.cuEventDestroy_v2(fence_event_);
   if (retained_) driver_.cuDevicePrimaryCtxRelease_v2(device_);
   pool_ = nullptr;
   stream_ = nullptr;
   free_stream_ = nullptr;
   legacy_event_ = nullptr;
+  fence_event_ = nullptr;
   retained_ = false;
+  // The pool's memory is gone with it (the reset that follows frees it): so are cached blocks.
+  if (cache_) cache_->clear();
 }
 
 PoolUsage DevicePool::usage() const {

@@ -8,8 +8,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
+#include "block_cache.h"
 #include "cuda_api.h"
 #include "units.h"
 
@@ -19,7 +21,8 @@ struct PoolSettings {
   bool reuse_follow_event_deps = true;
   bool reuse_opportunistic = true;
   bool reuse_internal_deps = false;
-  SizeValue cap;  // 0 bytes: no cap
+  SizeValue cap;    // 0 bytes: no cap
+  SizeValue cache;  // the BlockCache's byte limit; 0 bytes: no cache
 };
 
 /// The pool's own figures (cudaMemPoolAttr*MemCurrent/High).
@@ -56,6 +59,17 @@ class DevicePool {
   /// The pool's cap in bytes (its maximum size; POOLSHIM_LIMIT), 0 when there is none.
   std::uint64_t cap() const { return cap_; }
 
+  /// Freed blocks kept in front of the pool, and the fences that make them reusable.
+  BlockCache& cache() { return *cache_; }
+  const BlockCache& cache() const { return *cache_; }
+  FenceClock& fences() { return fences_; }
+  /// Recorded on the free stream behind every stream of the device: the event fence.
+  CUevent fence_event() const { return fence_event_; }
+  /// Held (try-lock) by the one thread that polls or starts the event fence.
+  std::mutex& fence_mutex() { return fence_mutex_; }
+  /// The number of the event fence in flight, 0 when none (under fence_mutex()).
+  std::uint64_t fence_in_flight = 0;
+
   PoolUsage usage() const;
   /// Gives unused memory back until the pool holds fewer than `keep_reserved` bytes
   /// (cuMemPoolTrimTo). Returns the bytes released (by the pool's reserved figure).
@@ -75,7 +89,11 @@ class DevicePool {
   CUstream stream_ = nullptr;
   CUstream free_stream_ = nullptr;
   CUevent legacy_event_ = nullptr;
+  CUevent fence_event_ = nullptr;
   CUmemoryPool pool_ = nullptr;
+  std::unique_ptr<BlockCache> cache_;
+  FenceClock fences_;
+  std::mutex fence_mutex_;
   std::uint64_t device_total_ = 0;
   std::uint64_t cap_ = 0;
   bool retained_ = false;

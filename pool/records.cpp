@@ -57,8 +57,9 @@ void add_device_fields(JsonObject& o, const DeviceSnapshot& s) {
   } else {
     o.add_null("cap_bytes");
   }
-  o.add("pool_slack", pool_slack(s.pool));
-  o.add("rounding_waste", rounding_waste(s.pool, s.stats.requested_bytes.current));
+  const std::uint64_t cached = s.stats.cached_bytes.current;
+  o.add("pool_slack", pool_slack(s.pool, cached));
+  o.add("rounding_waste", rounding_waste(s.pool, cached, s.stats.requested_bytes.current));
   if (s.device_info_valid) {
     o.add("device_free", s.device_free).add("device_total", s.device_total);
   } else {
@@ -69,14 +70,24 @@ void add_device_fields(JsonObject& o, const DeviceSnapshot& s) {
 
 }  // namespace
 
-double pool_slack(const PoolUsage& u) {
-  if (u.reserved == 0 || u.used >= u.reserved) return 0.0;
-  return 1.0 - static_cast<double>(u.used) / static_cast<double>(u.reserved);
+namespace {
+// What the application holds of the pool's used memory: cached blocks are used to the driver
+// but free to the application.
+std::uint64_t handed_out(const PoolUsage& u, std::uint64_t cached) {
+  return u.used > cached ? u.used - cached : 0;
+}
+}  // namespace
+
+double pool_slack(const PoolUsage& u, std::uint64_t cached) {
+  const std::uint64_t used = handed_out(u, cached);
+  if (u.reserved == 0 || used >= u.reserved) return 0.0;
+  return 1.0 - static_cast<double>(used) / static_cast<double>(u.reserved);
 }
 
-double rounding_waste(const PoolUsage& u, std::uint64_t requested) {
-  if (u.used == 0 || requested >= u.used) return 0.0;
-  return 1.0 - static_cast<double>(requested) / static_cast<double>(u.used);
+double rounding_waste(const PoolUsage& u, std::uint64_t cached, std::uint64_t requested) {
+  const std::uint64_t used = handed_out(u, cached);
+  if (used == 0 || requested >= used) return 0.0;
+  return 1.0 - static_cast<double>(requested) / static_cast<double>(used);
 }
 
 std::string start_record(double t, const ProcessInfo& info, const Config& config,

@@ -89,8 +89,10 @@ std::string exit_record(double t, int pid, const ExitSummary& summary,
                         const SiteJson& site_json = no_site_json);
 
 /// The fragmentation figures of DESIGN §5 (0 when the denominator is 0).
-double pool_slack(const PoolUsage& u);
-double rounding_waste(const PoolUsage& u, std::uint64_t requested);
+/// 1 - handed-out / reserved, where handed-out is the pool's used memory less `cached` bytes.
+double pool_slack(const PoolUsage& u, std::uint64_t cached);
+/// 1 - requested / handed-out (see pool_slack).
+double rounding_waste(const PoolUsage& u, std::uint64_t cached, std::uint64_t requested);
 
 /// "exhausted" or "fragmentation" (memory held or free but not usable for the request).
 const char* oom_verdict(const OomReport& r);

@@ -46,6 +46,7 @@ Router::Router(const DriverApi& driver, const Config& config, EventQueue& events
   settings_.reuse_follow_event_deps = config.reuse_follow_event_deps;
   settings_.reuse_opportunistic = config.reuse_opportunistic;
   settings_.reuse_internal_deps = config.reuse_internal_deps;
+  settings_.cache = config.cache;
   ordered_mode_ = config.free == "ordered";
   if (driver_.cuDeviceGetCount(&device_count_) != CUDA_SUCCESS) device_count_ = 0;
 }
@@ -124,13 +125,15 @@ CUresult Router::allocate_with_retry(DevicePool& pool, std::size_t bytes, CUstre
   std::size_t free = 0;
   std::size_t total = 0;
   if (driver_.cuMemGetInfo_v2(&free, &total) == CUDA_SUCCESS &&
-      free + unused_of(pool.usage()) < bytes) {
+      free + unused_of(pool.usage()) + pool.cache().bytes() < bytes) {
     return r;
   }
   DeviceStats& s = stats(pool.ordinal());
   s.bump(s.oom_retries);
-  // Blocks freed in stream order are released only once their streams reach the free.
-  driver_.cuCtxSynchronize();
+  // Blocks freed in stream order are released only once their streams reach the free; the
+  // synchronization is a fence, after which every cached block can go back to the pool.
+  synchronize_as_fence(pool);
+  return_ready_blocks(pool);
   pool.trim_to(0);
   r = driver_.cuMemAllocFromPoolAsync(out, bytes, pool.handle(), stream);
   if (r == CUDA_SUCCESS) s.bump(s.oom_retry_successes);
@@ -217,6 +220,15 @@ bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Allo
     real(bytes);
     return false;
   }
+  CachedBlock cached;
+  if (take_cached(*pool, bytes, nullptr, &cached)) {
+    // Ready for every stream: its fence completed, so nothing to wait for.
+    table_.insert(cached.ptr, Allocation{bytes, cached.capacity, coarse_now_ns(), 0, device, 0,
+                                         capture_site()});
+    stats(device).on_alloc(bytes);
+    *out = cached.ptr;
+    return true;
+  }
   CUdeviceptr ptr = 0;
   CUresult r = allocate_with_retry(*pool, bytes, pool->stream(), &ptr);
   if (r == CUDA_SUCCESS) {
@@ -229,7 +241,7 @@ bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Allo
     decline_allocation(*pool, bytes, nullptr, false, r, real);
     return false;
   }
-  table_.insert(ptr, Allocation{bytes, coarse_now_ns(), 0, device, 0, capture_site()});
+  table_.insert(ptr, Allocation{bytes, bytes, coarse_now_ns(), 0, device, 0, capture_site()});
   stats(device).on_alloc(bytes);
   *out = ptr;
   return true;
@@ -245,13 +257,21 @@ bool Router::allocate_async(int device, std::size_t bytes, CUstream stream, CUde
     return false;
   }
   CUdeviceptr ptr = 0;
-  const CUresult r = allocate_with_retry(*pool, bytes, stream, &ptr);
-  if (r != CUDA_SUCCESS) {
-    decline_allocation(*pool, bytes, stream, true, r, real);
-    return false;
+  std::uint64_t capacity = bytes;
+  CachedBlock cached;
+  if (take_cached(*pool, bytes, cache_affinity(stream), &cached)) {
+    ptr = cached.ptr;
+    capacity = cached.capacity;
+  } else {
+    const CUresult r = allocate_with_retry(*pool, bytes, stream, &ptr);
+    if (r != CUDA_SUCCESS) {
+      decline_allocation(*pool, bytes, stream, true, r, real);
+      return false;
+    }
   }
-  table_.insert(ptr, Allocation{bytes, coarse_now_ns(), reinterpret_cast<std::uintptr_t>(stream),
-                                device, Allocation::kAsync, capture_site()});
+  table_.insert(
+      ptr, Allocation{bytes, capacity, coarse_now_ns(), reinterpret_cast<std::uintptr_t>(stream),
+                      device, Allocation::kAsync, capture_site()});
   DeviceStats& s = stats(device);
   s.on_alloc(bytes);
   s.bump(s.async_allocs);
@@ -286,19 +306,28 @@ void Router::free_sync(void* ptr, int caller_device, Fallback real) {
   if (!a) {
     if (valid_device(caller_device))
       stats(caller_device).bump(stats(caller_device).passthrough_frees);
+    release_if_cached(key);
     real();
     return;
   }
   DevicePool* pool = existing_pool(a->device);
-  if (pool != nullptr && ordered_mode_ && ordered_free_possible(*pool) &&
-      free_ordered(*pool, key) == CUDA_SUCCESS) {
-    DeviceStats& s = stats(a->device);
-    s.on_free(a->requested);
-    s.bump(s.ordered_frees);
-    return;
+  if (pool != nullptr && ordered_mode_ && ordered_free_possible(*pool)) {
+    // Kept until the next fence has completed (no driver call now), or freed in order.
+    if (cache_block(*pool, *a, key, nullptr, pool->fences().next()) ||
+        free_ordered(*pool, key) == CUDA_SUCCESS) {
+      DeviceStats& s = stats(a->device);
+      s.on_free(a->requested);
+      s.bump(s.ordered_frees);
+      return;
+    }
   }
   // Native cudaFree waits for the device: no work enqueued before it may still touch the block.
-  CUresult r = pool != nullptr ? synchronize_for_free(*pool) : CUDA_ERROR_INVALID_CONTEXT;
+  // That synchronization is a fence: the block is ready for any stream once it returns.
+  CUresult r = pool != nullptr ? synchronize_as_fence(*pool) : CUDA_ERROR_INVALID_CONTEXT;
+  if (r == CUDA_SUCCESS && cache_block(*pool, *a, key, nullptr, pool->fences().completed())) {
+    stats(a->device).on_free(a->requested);
+    return;
+  }
   if (r == CUDA_SUCCESS) r = driver_.cuMemFreeAsync(key, pool->stream());
   if (r != CUDA_SUCCESS) {
     // E.g. a sticky error from an earlier kernel: the real cudaFree reports it natively.
@@ -308,18 +337,12 @@ void Router::free_sync(void* ptr, int caller_device, Fallback real) {
   stats(a->device).on_free(a->requested);
 }
 
-bool Router::ordered_free_possible(const DevicePool& pool) const {
-  const auto refuse = [this](const char* why) {
-    if (!warned_ordered_fallback_.exchange(true, std::memory_order_relaxed)) {
-      events_.push_warning(std::string("free mode ordered: ") + why +
-                           "; such frees synchronize the device as in mode sync");
-    }
-    return false;
-  };
+const char* Router::unordered_reason(const DevicePool& pool) const {
   if (registry_ == nullptr || !registry_->observed()) {
-    return refuse("the application's stream creation was not seen by the shim");
+    return "the application's stream creation was not seen by the shim";
   }
-  if (registry_->foreign_context()) return refuse("the application created contexts of its own");
+  if (registry_->foreign_context()) return "the application created contexts of its own";
+  if (registry_->has_eventless()) return "a stream of the application has no event to order by";
   // Work of another device's context can reach this block (peer access, peer copies): the
   // order of one device's streams proves nothing for it.
   for (int d = 0; d < device_count_; ++d) {
@@ -327,14 +350,30 @@ bool Router::ordered_free_possible(const DevicePool& pool) const {
     unsigned int flags = 0;
     int active = 0;
     if (driver_.cuDevicePrimaryCtxGetState(d, &flags, &active) != CUDA_SUCCESS || active != 0) {
-      return refuse("more than one device is in use");
+      return "more than one device is in use";
     }
   }
-  return true;
+  return nullptr;
+}
+
+bool Router::ordered_free_possible(const DevicePool& pool) const {
+  const char* why = unordered_reason(pool);
+  if (why == nullptr) return true;
+  if (!warned_ordered_fallback_.exchange(true, std::memory_order_relaxed)) {
+    events_.push_warning(std::string("free mode ordered: ") + why +
+                         "; such frees synchronize the device as in mode sync");
+  }
+  return false;
 }
 
 CUresult Router::free_ordered(DevicePool& pool, CUdeviceptr ptr) {
   ScopedContext ctx(driver_, pool.context());
+  const CUresult r = order_free_stream(pool);
+  if (r != CUDA_SUCCESS) return r;
+  return driver_.cuMemFreeAsync(ptr, pool.free_stream());
+}
+
+CUresult Router::order_free_stream(DevicePool& pool) {
   // An event recorded on the legacy default stream completes after the earlier work of every
   // blocking stream of the context (legacy stream semantics); non-blocking streams each need
   // their own event. The free stream waits for all of them, the application's streams for
@@ -351,16 +390,153 @@ CUresult Router::free_ordered(DevicePool& pool, CUdeviceptr ptr) {
     if (r == CUDA_SUCCESS) r = driver_.cuStreamWaitEvent(pool.free_stream(), e.event, 0);
     return r == CUDA_SUCCESS;
   });
-  if (!all_waited) return r;
-  return driver_.cuMemFreeAsync(ptr, pool.free_stream());
+  return all_waited ? CUDA_SUCCESS : r;
+}
+
+// ---- the user-space cache ----------------------------------------------------------------
+
+CUstream Router::cache_affinity(CUstream stream) const {
+  if (stream == nullptr || stream == CU_STREAM_LEGACY) return CU_STREAM_LEGACY;
+  // The per-thread stream is a different stream on every thread under one handle.
+  if (stream == CU_STREAM_PER_THREAD) return nullptr;
+  // A named stream's handle can be reused after it is destroyed: only a destruction the shim
+  // sees (before_any_stream_destroy) lets it keep the shortcut safely.
+  return registry_ != nullptr && registry_->observed() ? stream : nullptr;
+}
+
+bool Router::take_cached(DevicePool& pool, std::size_t bytes, CUstream stream, CachedBlock* out) {
+  BlockCache& cache = pool.cache();
+  if (cache.limit() == 0) return false;
+  DeviceStats& s = stats(pool.ordinal());
+  FenceClock& fences = pool.fences();
+  bool hit = cache.take(bytes, stream, fences.completed(), out);
+  // A miss while blocks wait for a fence: the fence in flight may have completed by now.
+  if (!hit && cache.waiting(fences.completed()) && advance_fences(pool)) {
+    hit = cache.take(bytes, stream, fences.completed(), out);
+  }
+  if (!hit) {
+    s.bump(s.cache_misses);
+    return false;
+  }
+  s.bump(s.cache_hits);
+  s.cached_bytes.sub(out->capacity);
+  return true;
+}
+
+bool Router::cache_block(DevicePool& pool, const Allocation& a, CUdeviceptr ptr, CUstream stream,
+                         std::uint64_t ready_at) {
+  BlockCache& cache = pool.cache();
+  if (cache.limit() == 0) return false;
+  const CachedBlock block{ptr, a.capacity, stream, ready_at, coarse_now_ns()};
+  CachedBlock evicted;
+  if (!cache.put(block, pool.fences().completed(), &evicted)) return false;
+  DeviceStats& s = stats(pool.ordinal());
+  s.cached_bytes.add(block.capacity);
+  if (evicted.ptr != 0) return_block(pool, evicted);
+  return true;
+}
+
+void Router::return_block(DevicePool& pool, const CachedBlock& b) {
+  // Its fence has completed: no work touches it, so the pool's own stream may free it.
+  driver_.cuMemFreeAsync(b.ptr, pool.stream());
+  DeviceStats& s = stats(pool.ordinal());
+  s.cached_bytes.sub(b.capacity);
+  s.bump(s.cache_returns);
+}
+
+std::uint64_t Router::return_ready_blocks(DevicePool& pool) {
+  const std::uint64_t completed = pool.fences().completed();
+  const std::uint64_t returned =
+      pool.cache().remove_if([completed](const CachedBlock& b) { return b.ready_at <= completed; },
+                             [&](const CachedBlock& b) { return_block(pool, b); });
+  if (returned > 0) driver_.cuStreamSynchronize(pool.stream());
+  return returned;
+}
+
+CUresult Router::synchronize_as_fence(DevicePool& pool) {
+  FenceClock& fences = pool.fences();
+  const std::uint64_t k = fences.start();
+  const CUresult r = synchronize_for_free(pool);
+  if (r == CUDA_SUCCESS) fences.complete(k);
+  return r;
+}
+
+bool Router::advance_fences(DevicePool& pool) {
+  std::unique_lock<std::mutex> lock(pool.fence_mutex(), std::try_to_lock);
+  if (!lock.owns_lock()) return false;  // another thread is at it
+  FenceClock& fences = pool.fences();
+  const std::uint64_t before = fences.completed();
+  ScopedContext ctx(driver_, pool.context());
+  if (pool.fence_in_flight != 0) {
+    const CUresult q = driver_.cuEventQuery(pool.fence_event());
+    if (q == CUDA_ERROR_NOT_READY) return false;
+    // An error (say a sticky one from a faulted kernel) proves nothing: the fence is dropped
+    // and its blocks wait for the next one.
+    if (q == CUDA_SUCCESS) fences.complete(pool.fence_in_flight);
+    pool.fence_in_flight = 0;
+  }
+  // Only an event behind every stream of the device makes a fence without a host stall; where
+  // the streams' order proves nothing, blocks wait for a synchronizing cudaFree or an OOM.
+  if (pool.cache().waiting(fences.completed()) && unordered_reason(pool) == nullptr) {
+    const std::uint64_t k = fences.start();
+    DeviceStats& s = stats(pool.ordinal());
+    s.bump(s.fences);
+    if (order_free_stream(pool) == CUDA_SUCCESS &&
+        driver_.cuEventRecord(pool.fence_event(), pool.free_stream()) == CUDA_SUCCESS) {
+      if (driver_.cuEventQuery(pool.fence_event()) == CUDA_SUCCESS) {
+        fences.complete(k);
+      } else {
+        pool.fence_in_flight = k;
+      }
+    }
+  }
+  return fences.completed() > before;
+}
+
+void Router::release_if_cached(std::uintptr_t ptr) {
+  for (int d = 0; d < kMaxDevices; ++d) {
+    DevicePool* pool = existing_pool(d);
+    CachedBlock b;
+    if (pool == nullptr || !pool->cache().take_pointer(ptr, &b)) continue;
+    // Its last use may still run: free it in the order of its stream, or after a fence.
+    DeviceStats& s = stats(d);
+    s.cached_bytes.sub(b.capacity);
+    s.bump(s.cache_returns);
+    if (b.stream != nullptr && driver_.cuMemFreeAsync(b.ptr, b.stream) == CUDA_SUCCESS) return;
+    ScopedContext ctx(driver_, pool->context());
+    if (b.ready_at > pool->fences().completed()) synchronize_as_fence(*pool);
+    driver_.cuMemFreeAsync(b.ptr, pool->stream());
+    return;
+  }
+}
+
+void Router::before_any_stream_destroy(CUstream stream) {
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (DevicePool* pool = existing_pool(d)) pool->cache().forget_stream(stream);
+  }
+}
+
+std::uint64_t Router::tend_cache(int device, std::uint64_t now, std::uint64_t max_age_ns) {
+  DevicePool* pool = existing_pool(device);
+  if (pool == nullptr || pool->cache().blocks() == 0) return 0;
+  RelaxedCaptureScope relaxed(driver_);
+  if (captures_active_ == nullptr || !captures_active_()) advance_fences(*pool);
+  if (max_age_ns == 0) return 0;
+  const std::uint64_t completed = pool->fences().completed();
+  const std::uint64_t returned = pool->cache().remove_if(
+      [&](const CachedBlock& b) {
+        return b.ready_at <= completed && b.freed_ns + max_age_ns < now;
+      },
+      [&](const CachedBlock& b) { return_block(*pool, b); });
+  return returned;
 }
 
 void Router::before_stream_destroy(const StreamRegistry::Entry& entry) {
   DevicePool* pool = existing_pool(entry.device);
   if (entry.event == nullptr) return;
-  if (pool != nullptr && ordered_mode_) {
-    // Work still queued on the stream may touch blocks that are freed later, when the stream
-    // is no longer listed: make the free stream wait for it now.
+  if (pool != nullptr && (ordered_mode_ || pool->cache().limit() > 0)) {
+    // Work still queued on the stream may touch blocks that are freed later (or cached now and
+    // fenced later), when the stream is no longer listed: make the free stream wait for it now.
     ScopedContext ctx(driver_, pool->context());
     if (driver_.cuEventRecord(entry.event, entry.stream) == CUDA_SUCCESS) {
       driver_.cuStreamWaitEvent(pool->free_stream(), entry.event, 0);
@@ -375,6 +551,7 @@ void Router::free_async(void* ptr, CUstream stream, Fallback real) {
   if (!a) {
     const int device = current_device();
     if (valid_device(device)) stats(device).bump(stats(device).passthrough_frees);
+    release_if_cached(key);
     real();
     return;
   }
@@ -386,7 +563,10 @@ void Router::free_async(void* ptr, CUstream stream, Fallback real) {
     const DevicePool* own = existing_pool(a->device);
     if (current == nullptr && own != nullptr) driver_.cuCtxSetCurrent(own->context());
   }
-  if (driver_.cuMemFreeAsync(key, stream) != CUDA_SUCCESS) {
+  DevicePool* pool = existing_pool(a->device);
+  if ((pool == nullptr ||
+       !cache_block(*pool, *a, key, cache_affinity(stream), pool->fences().next())) &&
+      driver_.cuMemFreeAsync(key, stream) != CUDA_SUCCESS) {
     finish_failed_free(key, *a, real);
     return;
   }
@@ -412,6 +592,7 @@ void Router::free_unrouted(void* ptr, int caller_device, Fallback real) {
   const std::optional<Allocation> a = table_.take(key);
   const int device = a ? a->device : caller_device;
   if (valid_device(device)) stats(device).bump(stats(device).passthrough_frees);
+  if (!a) release_if_cached(key);
   const RealResult result = real();
   if (!a) return;
   if (result == RealResult::success) {
@@ -476,12 +657,15 @@ void Router::adjust_memory_info(int device, std::size_t* free, std::size_t* tota
   if (pool == nullptr) return;
   RelaxedCaptureScope relaxed(driver_);  // cudaMemGetInfo is legal during a capture
   const PoolUsage u = pool->usage();
-  std::uint64_t f = *free + unused_of(u);  // held but not handed out: free for the application
+  // Held but not handed out (unused in the pool, or cached): free for the application.
+  const std::uint64_t cached = pool->cache().bytes();
+  std::uint64_t f = *free + unused_of(u) + cached;
   std::uint64_t t = *total;
   if (pool->cap() > 0) {
     // Under a cap the application sees a device of the cap's size.
     t = pool->cap();
-    const std::uint64_t headroom = u.valid && u.used < t ? t - u.used : 0;
+    const std::uint64_t in_use = u.used > cached ? u.used - cached : 0;
+    const std::uint64_t headroom = u.valid && in_use < t ? t - in_use : 0;
     f = std::min(f, headroom);
   }
   *free = static_cast<std::size_t>(std::min(f, t));
@@ -492,7 +676,7 @@ std::uint64_t Router::unused_bytes(int device) const {
   const DevicePool* pool = existing_pool(device);
   if (pool == nullptr) return 0;
   RelaxedCaptureScope relaxed(driver_);  // cudaMemGetInfo is legal during a capture
-  return unused_of(pool->usage());
+  return unused_of(pool->usage()) + pool->cache().bytes();
 }
 
 void Router::set_app_pool(int device, bool app_owned) {
@@ -509,11 +693,16 @@ void Router::before_device_reset(int device) {
   DevicePool* pool = pools_[device].exchange(nullptr, std::memory_order_acq_rel);
   pool_state_[device].store(PoolState::none, std::memory_order_relaxed);
   app_pool_[device].store(false, std::memory_order_relaxed);  // the reset restores the default
-  // The object stays owned (a racing thread may still hold it); its driver objects go now.
-  if (pool != nullptr) pool->release();
+  // The object stays owned (a racing thread may still hold it); its driver objects go now,
+  // and the cached blocks with the pool's memory.
+  DeviceStats& s = stats(device);
+  if (pool != nullptr) {
+    pool->cache().remove_if([](const CachedBlock&) { return true; },
+                            [&s](const CachedBlock& b) { s.cached_bytes.sub(b.capacity); });
+    pool->release();
+  }
   // The reset destroys the device's streams and events too: forget them without touching them.
   if (registry_ != nullptr) registry_->drop_device(device);
-  DeviceStats& s = stats(device);
   table_.drop_device(device, [&s](std::uintptr_t, const Allocation& a) {
     s.requested_bytes.sub(a.requested);
     s.live_allocs.sub(1);
@@ -544,8 +733,9 @@ DeviceSnapshot Router::snapshot(int device) const {
 }
 
 std::uint64_t Router::trim_idle(int device, std::uint64_t keep_reserved) {
-  const DevicePool* pool = existing_pool(device);
+  DevicePool* pool = existing_pool(device);
   if (pool == nullptr) return 0;
+  return_ready_blocks(*pool);  // an idle pool keeps no cache: its blocks go back, then the trim
   const std::uint64_t released = pool->trim_to(keep_reserved);
   if (released > 0) {
     DeviceStats& s = stats(device);

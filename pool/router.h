@@ -103,6 +103,12 @@ class Router {
   /// Device `from` may now reach `to`'s memory: open `to`'s pool to it (if it exists yet;
   /// a pool made later is opened when it is made).
   void open_pool_to(int to, int from);
+  /// Whether an application's stream capture is in progress anywhere: the background thread
+  /// then records nothing on the application's streams (a record would join the capture).
+  void set_capture_probe(bool (*captures_active)()) { captures_active_ = captures_active; }
+  /// A stream is about to be destroyed (any stream, registered or not): cached blocks freed in
+  /// its order lose that shortcut, so that a new stream with the same handle cannot take them.
+  void before_any_stream_destroy(CUstream stream);
   /// Code of the shim itself, left out of recorded call sites (the hooks' frames).
   void set_own_code_range(std::uintptr_t begin, std::uintptr_t end) {
     own_code_begin_ = begin;
@@ -139,6 +145,10 @@ class Router {
   /// Releases unused memory of `device`'s pool until it holds fewer than `keep_reserved`
   /// bytes; counts it as an idle trim. Returns the bytes given back.
   std::uint64_t trim_idle(int device, std::uint64_t keep_reserved);
+  /// Moves the cache on: polls or starts the device's event fence (unless a capture is in
+  /// progress) and gives back blocks not reused for `max_age_ns` (0: none). Returns the bytes
+  /// given back.
+  std::uint64_t tend_cache(int device, std::uint64_t now_ns, std::uint64_t max_age_ns);
   std::vector<LiveAllocation> live_allocations() const;
   std::vector<DeviceDescription> describe_devices() const;
   const DriverApi& driver() const { return driver_; }
@@ -159,11 +169,41 @@ class Router {
   CUresult synchronize_for_free(const DevicePool& pool) const;
   /// Opens `pool` to device `from` (cuMemPoolSetAccess), one warning on failure.
   void set_pool_access(DevicePool& pool, int from);
-  /// Whether an `ordered` free of `pool`'s block can be proven safe (DESIGN §3).
+  /// Why the order of `pool`'s device's streams cannot prove a free safe (DESIGN §3), or
+  /// nullptr when it can: then an event behind every stream covers all work before it.
+  const char* unordered_reason(const DevicePool& pool) const;
+  /// Whether an `ordered` free of `pool`'s block can be proven safe (one warning when not).
   bool ordered_free_possible(const DevicePool& pool) const;
-  /// Enqueues the free on the pool's free stream behind the legacy default stream and every
-  /// registered non-blocking stream of the device. No host stall.
+  /// Makes the pool's free stream wait for the legacy default stream and every registered
+  /// non-blocking stream of the device. No host stall.
+  CUresult order_free_stream(DevicePool& pool);
+  /// Enqueues the free on the pool's free stream behind every stream (order_free_stream).
   CUresult free_ordered(DevicePool& pool, CUdeviceptr ptr);
+
+  // ---- the user-space cache (BlockCache) ----
+  /// The stream a block freed on `stream` may serve at once: the legacy stream, or a named
+  /// stream whose destruction the shim sees; nullptr (fences only) for the per-thread stream.
+  CUstream cache_affinity(CUstream stream) const;
+  /// A cached block for `bytes` usable on `stream` (nullptr: on every stream, cudaMalloc).
+  bool take_cached(DevicePool& pool, std::size_t bytes, CUstream stream, CachedBlock* out);
+  /// Keeps a freed block; false when the cache will not (the caller frees it).
+  bool cache_block(DevicePool& pool, const Allocation& a, CUdeviceptr ptr, CUstream stream,
+                   std::uint64_t ready_at);
+  /// Gives a ready cached block back to the pool (in the pool's stream order).
+  void return_block(DevicePool& pool, const CachedBlock& b);
+  /// Gives every cached block whose fence has completed back to the pool; their frees are
+  /// complete when this returns (for a trim that follows). Returns the bytes.
+  std::uint64_t return_ready_blocks(DevicePool& pool);
+  /// A free of a pointer the table does not hold: when it is a cached block (a double free),
+  /// the block leaves the cache and goes back to the pool in order, so that the real function
+  /// then answers as natively (the pointer is no longer allocated) and the block is never
+  /// handed out twice.
+  void release_if_cached(std::uintptr_t ptr);
+  /// Polls the event fence in flight and starts one when blocks wait for it. True when the
+  /// completed fence moved. Never blocks: another thread at it means false.
+  bool advance_fences(DevicePool& pool);
+  /// A synchronization of the device that is a fence: returns its result.
+  CUresult synchronize_as_fence(DevicePool& pool);
   /// One allocation attempt, with the trim-and-retry of DESIGN §3 on out-of-memory.
   CUresult allocate_with_retry(DevicePool& pool, std::size_t bytes, CUstream stream,
                                CUdeviceptr* out);
@@ -191,6 +231,7 @@ class Router {
   /// The caller's call site (POOLSHIM_BACKTRACE frames), 0 when not recorded.
   std::uint32_t capture_site();
   bool ordered_mode_ = false;
+  bool (*captures_active_)() = nullptr;
   int device_count_ = 0;
   std::atomic<long long> oom_record_wait_ms_{0};
 

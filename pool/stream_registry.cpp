@@ -7,6 +7,7 @@ namespace poolshim {
 void StreamRegistry::add(const Entry& entry) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
   entries_.push_back(entry);
+  if (entry.event == nullptr) eventless_.fetch_add(1, std::memory_order_release);
 }
 
 bool StreamRegistry::remove(CUstream stream, Entry* out) {
@@ -14,6 +15,7 @@ bool StreamRegistry::remove(CUstream stream, Entry* out) {
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     if (it->stream == stream) {
       *out = *it;
+      if (it->event == nullptr) eventless_.fetch_sub(1, std::memory_order_release);
       entries_.erase(it);
       return true;
     }
@@ -25,7 +27,11 @@ void StreamRegistry::drop_device(int device) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
   std::vector<Entry> kept;
   for (const auto& e : entries_) {
-    if (e.device != device) kept.push_back(e);
+    if (e.device != device) {
+      kept.push_back(e);
+    } else if (e.event == nullptr) {
+      eventless_.fetch_sub(1, std::memory_order_release);
+    }
   }
   entries_.swap(kept);
 }

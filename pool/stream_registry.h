@@ -40,6 +40,8 @@ class StreamRegistry {
     return true;
   }
   std::size_t size() const;
+  /// Streams listed without an event: work on them cannot be ordered before a free.
+  bool has_eventless() const { return eventless_.load(std::memory_order_acquire) > 0; }
 
   /// Stream creation is seen by the hooks (directly or through cuGetProcAddress): only then
   /// can an `ordered` free trust the list to be complete.
@@ -53,6 +55,7 @@ class StreamRegistry {
  private:
   mutable std::shared_mutex mutex_;
   std::vector<Entry> entries_;
+  std::atomic<int> eventless_{0};  // entries whose event is null
   std::atomic<bool> observed_{false};
   std::atomic<bool> foreign_context_{false};
 };

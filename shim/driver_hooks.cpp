@@ -425,6 +425,11 @@ CUresult reset_device(decltype(&::cuDevicePrimaryCtxReset_v2) real_fn, CUdevice 
 }
 
 CUresult destroy_stream(decltype(&::cuStreamDestroy_v2) real_fn, CUstream stream) {
+  if (poolshim::shim::bookkeeping_allowed()) {
+    if (Router* router = poolshim::shim::router_if_running()) {
+      router->before_any_stream_destroy(stream);
+    }
+  }
   poolshim::StreamRegistry::Entry entry;
   if (poolshim::shim::bookkeeping_allowed() && poolshim::shim::streams().remove(stream, &entry)) {
     if (Router* router = poolshim::shim::router_if_running()) {

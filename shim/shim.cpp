@@ -162,6 +162,7 @@ void start() {
   ProcessInfo info = make_process_info(config);
   s.router = new Router(s.driver, config, s.events);
   s.router->set_stream_registry(&s.streams);
+  s.router->set_capture_probe(&captures_active);
   if (config.backtrace > 0) {
     own_code_range(&range_begin, &range_end);
     s.router->set_own_code_range(range_begin, range_end);

@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "cuda_api.h"
 #include "cudadouble.h"
@@ -102,6 +103,39 @@ void* async_alloc(Router& router, int device, std::size_t bytes, CUstream stream
   auto adapt = [&](std::size_t n) { return call_real(real, n); };
   return router.allocate_async(device, bytes, stream, &p, adapt) ? reinterpret_cast<void*>(p)
                                                                  : nullptr;
+}
+
+// Stands in for the real runtime function behind a hook: counts calls, answers `result`.
+struct RealStub {
+  RealResult result = RealResult::success;
+  int calls = 0;
+  std::size_t last_request = 0;
+  RealResult operator()() {
+    ++calls;
+    return result;
+  }
+  RealResult operator()(std::size_t bytes) {
+    last_request = bytes;
+    return (*this)();
+  }
+};
+
+inline Config ordered_config() {
+  Config c = Config::defaults();
+  c.free = "ordered";
+  return c;
+}
+
+// The pool's own behaviour, without the user-space cache in front of it.
+inline Config without_cache(Config c = Config::defaults()) {
+  c.cache = SizeValue{};
+  return c;
+}
+
+inline std::vector<Event> drain(EventQueue& q) {
+  std::vector<Event> out;
+  q.drain(out);
+  return out;
 }
 
 }  // namespace poolshim::testing

@@ -77,7 +77,9 @@ TEST_CASE("log file: a symbolic link is refused with a sentence saying so") {
 }
 
 TEST_CASE("worker: start, sample and exit records with the pool's figures") {
-  Rig rig(1, 64 * MiB);
+  Config no_cache = Config::defaults();
+  no_cache.cache = SizeValue{};  // the pool's own figures, no block held in front of it
+  Rig rig(1, 64 * MiB, no_cache);
   auto& [d, config, events, router] = rig;
   const std::string path = temp_path("records");
   std::remove(path.c_str());

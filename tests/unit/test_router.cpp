@@ -10,40 +10,13 @@
 
 using namespace poolshim;
 using poolshim::testing::async_alloc;
+using poolshim::testing::drain;
 using poolshim::testing::MiB;
+using poolshim::testing::ordered_config;
+using poolshim::testing::RealStub;
 using poolshim::testing::Rig;
 using poolshim::testing::sync_alloc;
-
-namespace {
-
-// Stands in for the real runtime function behind a hook: counts calls, answers `result`.
-struct RealStub {
-  RealResult result = RealResult::success;
-  int calls = 0;
-  std::size_t last_request = 0;
-  RealResult operator()() {
-    ++calls;
-    return result;
-  }
-  RealResult operator()(std::size_t bytes) {
-    last_request = bytes;
-    return (*this)();
-  }
-};
-
-Config ordered_config() {
-  Config c = Config::defaults();
-  c.free = "ordered";
-  return c;
-}
-
-std::vector<Event> drain(EventQueue& q) {
-  std::vector<Event> out;
-  q.drain(out);
-  return out;
-}
-
-}  // namespace
+using poolshim::testing::without_cache;
 
 TEST_CASE("router: cudaMalloc is served from the device's pool, counted once") {
   Rig rig(1, 64 * MiB);
@@ -66,8 +39,9 @@ TEST_CASE("router: cudaMalloc is served from the device's pool, counted once") {
   CHECK(d.calls("cuStreamSynchronize") == 1);  // usable from every stream on return
 }
 
-TEST_CASE("router: cudaFree synchronizes the device and keeps the block cached for reuse") {
-  Rig rig(1, 64 * MiB);
+TEST_CASE(
+    "router: cache off: cudaFree synchronizes the device and the pool keeps the block for reuse") {
+  Rig rig(1, 64 * MiB, without_cache());
   auto& [d, config, events, router] = rig;
   RealStub real;
   void* p = nullptr;
@@ -209,8 +183,8 @@ TEST_CASE("router: an allocation the pool cannot serve but the real function can
   CHECK(e[0].kind == Event::Kind::warning);
 }
 
-TEST_CASE("router: cudaMallocAsync allocates in the stream's order from the pool") {
-  Rig rig(1, 64 * MiB);
+TEST_CASE("router: cache off: cudaMallocAsync allocates in the stream's order from the pool") {
+  Rig rig(1, 64 * MiB, without_cache());
   auto& [d, config, events, router] = rig;
   d.make_current(0);
   CUstream stream = nullptr;
@@ -351,8 +325,9 @@ TEST_CASE("router: a failed real free of a pooled pointer keeps it live") {
   CHECK(router.snapshot(0).stats.live_allocs.current == 1);
 }
 
-TEST_CASE("router: zero live allocations after many threads allocate and free concurrently") {
-  Rig rig(1, 256 * MiB);
+TEST_CASE(
+    "router: cache off: zero live allocations after many threads allocate and free concurrently") {
+  Rig rig(1, 256 * MiB, without_cache());
   Router& router = rig.router;  // lambdas capture it (C++17 cannot capture bindings)
   std::vector<std::thread> threads;
   std::atomic<int> real_calls{0};
@@ -379,8 +354,8 @@ TEST_CASE("router: zero live allocations after many threads allocate and free co
   CHECK(s.pool.used == 0);
 }
 
-TEST_CASE("router: an ordered free waits on the device's streams, not the host") {
-  Rig rig(1, 64 * MiB, ordered_config());
+TEST_CASE("router: cache off: an ordered free waits on the device's streams, not the host") {
+  Rig rig(1, 64 * MiB, without_cache(ordered_config()));
   auto& [d, config, events, router] = rig;
   StreamRegistry streams;
   router.set_stream_registry(&streams);

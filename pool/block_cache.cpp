@@ -1,0 +1,112 @@
+#include "block_cache.h"
+
+#include <cstring>
+
+namespace poolshim {
+
+BlockCache::BlockCache(std::uint64_t limit)
+    : limit_(limit), classes_(limit > 0 ? new Class[kClasses] : nullptr) {}
+
+int BlockCache::class_of(std::uint64_t capacity) {
+  const int octave = 63 - __builtin_clzll(capacity | 1);
+  const int sub = octave >= 2 ? static_cast<int>((capacity >> (octave - 2)) & 3) : 0;
+  const int k = octave * kClassesPerOctave + sub;
+  return k < kClasses ? k : kClasses - 1;
+}
+
+void BlockCache::erase(Class& c, std::uint32_t i) {
+  std::memmove(&c.slots[i], &c.slots[i + 1], (c.count - i - 1) * sizeof(CachedBlock));
+  --c.count;
+}
+
+void BlockCache::note_added(const CachedBlock& b) {
+  bytes_.fetch_add(b.capacity, std::memory_order_relaxed);
+  blocks_.fetch_add(1, std::memory_order_relaxed);
+  std::uint64_t seen = newest_ready_at_.load(std::memory_order_relaxed);
+  while (b.ready_at > seen &&
+         !newest_ready_at_.compare_exchange_weak(seen, b.ready_at, std::memory_order_relaxed)) {
+  }
+}
+
+bool BlockCache::take(std::uint64_t bytes, CUstream stream, std::uint64_t completed,
+                      CachedBlock* out) {
+  if (!classes_) return false;
+  const std::uint64_t most = largest_fit(bytes);
+  // A fitting block is in the request's own class or the next one up (largest_fit spans less
+  // than two classes).
+  const int first = class_of(bytes);
+  const int last = class_of(most);
+  for (int k = first; k <= last; ++k) {
+    Class& c = classes_[k];
+    c.lock.lock();
+    for (std::uint32_t i = c.count; i-- > 0;) {
+      const CachedBlock& b = c.slots[i];
+      if (b.capacity < bytes || b.capacity > most) continue;
+      if (b.ready_at > completed && (stream == nullptr || b.stream != stream)) continue;
+      *out = b;
+      erase(c, i);
+      c.lock.unlock();
+      bytes_.fetch_sub(out->capacity, std::memory_order_relaxed);
+      blocks_.fetch_sub(1, std::memory_order_relaxed);
+      return true;
+    }
+    c.lock.unlock();
+  }
+  return false;
+}
+
+bool BlockCache::put(const CachedBlock& block, std::uint64_t completed, CachedBlock* evicted) {
+  if (!classes_) return false;
+  if (bytes_.load(std::memory_order_relaxed) + block.capacity > limit_) return false;
+  Class& c = classes_[class_of(block.capacity)];
+  c.lock.lock();
+  bool evicting = false;
+  if (c.count == kSlots) {
+    // Full: the oldest ready block makes room (it goes back to the pool); if none is ready,
+    // the new block is not kept.
+    std::uint32_t i = 0;
+    while (i < c.count && c.slots[i].ready_at > completed) ++i;
+    if (i == c.count) {
+      c.lock.unlock();
+      return false;
+    }
+    *evicted = c.slots[i];
+    erase(c, i);
+    evicting = true;
+  }
+  c.slots[c.count++] = block;
+  c.lock.unlock();
+  if (evicting) {
+    bytes_.fetch_sub(evicted->capacity, std::memory_order_relaxed);
+    blocks_.fetch_sub(1, std::memory_order_relaxed);
+  } else {
+    evicted->ptr = 0;
+  }
+  note_added(block);
+  return true;
+}
+
+bool BlockCache::take_pointer(CUdeviceptr ptr, CachedBlock* out) {
+  bool found = false;
+  remove_if([&found, ptr](const CachedBlock& b) { return !found && (found = b.ptr == ptr); },
+            [out](const CachedBlock& b) { *out = b; });
+  return found;
+}
+
+void BlockCache::forget_stream(CUstream stream) {
+  if (!classes_ || stream == nullptr) return;
+  for (int k = 0; k < kClasses; ++k) {
+    Class& c = classes_[k];
+    c.lock.lock();
+    for (std::uint32_t i = 0; i < c.count; ++i) {
+      if (c.slots[i].stream == stream) c.slots[i].stream = nullptr;
+    }
+    c.lock.unlock();
+  }
+}
+
+void BlockCache::clear() {
+  remove_if([](const CachedBlock&) { return true; }, [](const CachedBlock&) {});
+}
+
+}  // namespace poolshim
