@@ -160,6 +160,12 @@ def summary_text(path, records):
                          f"{last['passthrough_allocs']} allocations and {last['passthrough_frees']} frees passed through")
             lines.append(f"    peak reserved {fmt_bytes(last['reserved_bytes_peak'])}, peak used "
                          f"{fmt_bytes(last['used_bytes_peak'])}, peak requested {fmt_bytes(last['requested_bytes_peak'])}")
+            if "cache_hits" in last:  # logs written before the cache existed lack these
+                served = last["cache_hits"] + last["cache_misses"]
+                share = f" ({fmt_share(last['cache_hits'] / served)})" if served else ""
+                lines.append(f"    cache: {last['cache_hits']} of {served} allocations served without a driver call{share}, "
+                             f"{fmt_bytes(last['cached_bytes'])} cached at the end (peak {fmt_bytes(last['cached_bytes_peak'])}), "
+                             f"{last['cache_returns']} blocks given back, {last['fences']} fences")
             lines.append(f"    fragmentation: pool slack {fmt_share(last['pool_slack'])} at the end "
                          f"(highest sampled {fmt_share(d['max_pool_slack'])}), rounding waste {fmt_share(last['rounding_waste'])}")
             lines.append(f"    out of memory: {last['ooms']} ({last['oom_with_slack']} with enough unused pool memory), "
