@@ -20,8 +20,10 @@ void BlockCache::erase(Class& c, std::uint32_t i) {
 }
 
 void BlockCache::note_added(const CachedBlock& b) {
-  bytes_.fetch_add(b.capacity, std::memory_order_relaxed);
-  blocks_.fetch_add(1, std::memory_order_relaxed);
+  const std::uint64_t now = bytes_.fetch_add(b.capacity, std::memory_order_relaxed) + b.capacity;
+  std::uint64_t peak = peak_bytes_.load(std::memory_order_relaxed);
+  while (now > peak && !peak_bytes_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
   std::uint64_t seen = newest_ready_at_.load(std::memory_order_relaxed);
   while (b.ready_at > seen &&
          !newest_ready_at_.compare_exchange_weak(seen, b.ready_at, std::memory_order_relaxed)) {
@@ -47,7 +49,6 @@ bool BlockCache::take(std::uint64_t bytes, CUstream stream, std::uint64_t comple
       erase(c, i);
       c.lock.unlock();
       bytes_.fetch_sub(out->capacity, std::memory_order_relaxed);
-      blocks_.fetch_sub(1, std::memory_order_relaxed);
       return true;
     }
     c.lock.unlock();
@@ -78,7 +79,6 @@ bool BlockCache::put(const CachedBlock& block, std::uint64_t completed, CachedBl
   c.lock.unlock();
   if (evicting) {
     bytes_.fetch_sub(evicted->capacity, std::memory_order_relaxed);
-    blocks_.fetch_sub(1, std::memory_order_relaxed);
   } else {
     evicted->ptr = 0;
   }

@@ -98,7 +98,7 @@ class BlockCache {
   void forget_stream(CUstream stream);
 
   std::uint64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
-  std::uint64_t blocks() const { return blocks_.load(std::memory_order_relaxed); }
+  std::uint64_t peak_bytes() const { return peak_bytes_.load(std::memory_order_relaxed); }
   std::uint64_t limit() const { return limit_; }
   /// Whether a block kept may still wait for a fence later than `completed` (one is worth
   /// starting).
@@ -118,7 +118,7 @@ class BlockCache {
   const std::uint64_t limit_;
   std::unique_ptr<Class[]> classes_;
   std::atomic<std::uint64_t> bytes_{0};
-  std::atomic<std::uint64_t> blocks_{0};
+  std::atomic<std::uint64_t> peak_bytes_{0};
   std::atomic<std::uint64_t> newest_ready_at_{0};  // the largest ready_at ever kept
 };
 
@@ -144,7 +144,6 @@ std::uint64_t BlockCache::remove_if(Pred&& pred, Sink&& sink) {
     for (std::uint32_t i = 0; i < n; ++i) {
       removed += taken[i].capacity;
       bytes_.fetch_sub(taken[i].capacity, std::memory_order_relaxed);
-      blocks_.fetch_sub(1, std::memory_order_relaxed);
       sink(static_cast<const CachedBlock&>(taken[i]));
     }
   }

@@ -62,7 +62,7 @@ std::string prometheus_text(const std::vector<DeviceSnapshot>& devices, const Pr
   family({"poolshim_device_total_bytes", "gauge", "Device memory in all."},
          [](const DeviceSnapshot& d) { return d.device_total; });
   family({"poolshim_pool_slack_ratio", "gauge", "1 - used / reserved."},
-         [](const DeviceSnapshot& d) { return pool_slack(d.pool, d.stats.cached_bytes.current); });
+         [](const DeviceSnapshot& d) { return pool_slack(d.pool, d.cached_bytes); });
   family({"poolshim_allocations_total", "counter", "Allocations served from the pool."},
          [](const DeviceSnapshot& d) { return d.stats.allocs; });
   family({"poolshim_frees_total", "counter", "Pooled blocks given back."},

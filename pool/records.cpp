@@ -57,9 +57,9 @@ void add_device_fields(JsonObject& o, const DeviceSnapshot& s) {
   } else {
     o.add_null("cap_bytes");
   }
-  const std::uint64_t cached = s.stats.cached_bytes.current;
-  o.add("pool_slack", pool_slack(s.pool, cached));
-  o.add("rounding_waste", rounding_waste(s.pool, cached, s.stats.requested_bytes.current));
+  o.add("cached_bytes", s.cached_bytes).add("cached_bytes_peak", s.cached_bytes_peak);
+  o.add("pool_slack", pool_slack(s.pool, s.cached_bytes));
+  o.add("rounding_waste", rounding_waste(s.pool, s.cached_bytes, s.stats.requested_bytes.current));
   if (s.device_info_valid) {
     o.add("device_free", s.device_free).add("device_total", s.device_total);
   } else {

@@ -129,14 +129,14 @@ CUresult Router::allocate_with_retry(DevicePool& pool, std::size_t bytes, CUstre
     return r;
   }
   DeviceStats& s = stats(pool.ordinal());
-  s.bump(s.oom_retries);
+  s.bump(&CounterShard::oom_retries);
   // Blocks freed in stream order are released only once their streams reach the free; the
   // synchronization is a fence, after which every cached block can go back to the pool.
   synchronize_as_fence(pool);
   return_ready_blocks(pool);
   pool.trim_to(0);
   r = driver_.cuMemAllocFromPoolAsync(out, bytes, pool.handle(), stream);
-  if (r == CUDA_SUCCESS) s.bump(s.oom_retry_successes);
+  if (r == CUDA_SUCCESS) s.bump(&CounterShard::oom_retry_successes);
   return r;
 }
 
@@ -190,22 +190,22 @@ void Router::decline_allocation(DevicePool& pool, std::size_t bytes, CUstream st
   const RealResult result = real(pool_oom && capped ? kRefusedRequest : bytes);
   DeviceStats& s = stats(pool.ordinal());
   if (result == RealResult::success) {
-    s.bump(s.fallback_allocs);
+    s.bump(&CounterShard::fallback_allocs);
     warn_once(warned_fallback_, std::string("the pool could not serve an allocation (") +
                                     driver_.error_name(pool_result) +
                                     ") that the real function then served; such allocations "
                                     "are counted as fallback_allocs and not pooled");
     return;
   }
-  s.bump(s.failed_allocs);
+  s.bump(&CounterShard::failed_allocs);
   if (result != RealResult::out_of_memory) return;
-  s.bump(s.ooms);
+  s.bump(&CounterShard::ooms);
   if (!pool_oom) {
     report = describe_oom(pool, bytes, stream, async);
     report.site = capture_site();
   }
   if (unused_of(PoolUsage{report.reserved, 0, report.used, 0, true}) >= bytes) {
-    s.bump(s.oom_with_slack);
+    s.bump(&CounterShard::oom_with_slack);
   }
   const std::uint64_t ticket = events_.push_oom(report);
   // The application often aborts right after an OOM: give the record a moment to be written.
@@ -274,7 +274,7 @@ bool Router::allocate_async(int device, std::size_t bytes, CUstream stream, CUde
                       device, Allocation::kAsync, capture_site()});
   DeviceStats& s = stats(device);
   s.on_alloc(bytes);
-  s.bump(s.async_allocs);
+  s.bump(&CounterShard::async_allocs);
   *out = ptr;
   return true;
 }
@@ -304,8 +304,7 @@ void Router::free_sync(void* ptr, int caller_device, Fallback real) {
   const auto key = reinterpret_cast<std::uintptr_t>(ptr);
   const std::optional<Allocation> a = table_.take(key);
   if (!a) {
-    if (valid_device(caller_device))
-      stats(caller_device).bump(stats(caller_device).passthrough_frees);
+    if (valid_device(caller_device)) stats(caller_device).bump(&CounterShard::passthrough_frees);
     release_if_cached(key);
     real();
     return;
@@ -317,7 +316,7 @@ void Router::free_sync(void* ptr, int caller_device, Fallback real) {
         free_ordered(*pool, key) == CUDA_SUCCESS) {
       DeviceStats& s = stats(a->device);
       s.on_free(a->requested);
-      s.bump(s.ordered_frees);
+      s.bump(&CounterShard::ordered_frees);
       return;
     }
   }
@@ -415,11 +414,10 @@ bool Router::take_cached(DevicePool& pool, std::size_t bytes, CUstream stream, C
     hit = cache.take(bytes, stream, fences.completed(), out);
   }
   if (!hit) {
-    s.bump(s.cache_misses);
+    s.bump(&CounterShard::cache_misses);
     return false;
   }
-  s.bump(s.cache_hits);
-  s.cached_bytes.sub(out->capacity);
+  s.bump(&CounterShard::cache_hits);
   return true;
 }
 
@@ -430,8 +428,6 @@ bool Router::cache_block(DevicePool& pool, const Allocation& a, CUdeviceptr ptr,
   const CachedBlock block{ptr, a.capacity, stream, ready_at, coarse_now_ns()};
   CachedBlock evicted;
   if (!cache.put(block, pool.fences().completed(), &evicted)) return false;
-  DeviceStats& s = stats(pool.ordinal());
-  s.cached_bytes.add(block.capacity);
   if (evicted.ptr != 0) return_block(pool, evicted);
   return true;
 }
@@ -439,9 +435,7 @@ bool Router::cache_block(DevicePool& pool, const Allocation& a, CUdeviceptr ptr,
 void Router::return_block(DevicePool& pool, const CachedBlock& b) {
   // Its fence has completed: no work touches it, so the pool's own stream may free it.
   driver_.cuMemFreeAsync(b.ptr, pool.stream());
-  DeviceStats& s = stats(pool.ordinal());
-  s.cached_bytes.sub(b.capacity);
-  s.bump(s.cache_returns);
+  stats(pool.ordinal()).bump(&CounterShard::cache_returns);
 }
 
 std::uint64_t Router::return_ready_blocks(DevicePool& pool) {
@@ -480,7 +474,7 @@ bool Router::advance_fences(DevicePool& pool) {
   if (pool.cache().waiting(fences.completed()) && unordered_reason(pool) == nullptr) {
     const std::uint64_t k = fences.start();
     DeviceStats& s = stats(pool.ordinal());
-    s.bump(s.fences);
+    s.bump(&CounterShard::fences);
     if (order_free_stream(pool) == CUDA_SUCCESS &&
         driver_.cuEventRecord(pool.fence_event(), pool.free_stream()) == CUDA_SUCCESS) {
       if (driver_.cuEventQuery(pool.fence_event()) == CUDA_SUCCESS) {
@@ -499,9 +493,7 @@ void Router::release_if_cached(std::uintptr_t ptr) {
     CachedBlock b;
     if (pool == nullptr || !pool->cache().take_pointer(ptr, &b)) continue;
     // Its last use may still run: free it in the order of its stream, or after a fence.
-    DeviceStats& s = stats(d);
-    s.cached_bytes.sub(b.capacity);
-    s.bump(s.cache_returns);
+    stats(d).bump(&CounterShard::cache_returns);
     if (b.stream != nullptr && driver_.cuMemFreeAsync(b.ptr, b.stream) == CUDA_SUCCESS) return;
     ScopedContext ctx(driver_, pool->context());
     if (b.ready_at > pool->fences().completed()) synchronize_as_fence(*pool);
@@ -518,7 +510,7 @@ void Router::before_any_stream_destroy(CUstream stream) {
 
 std::uint64_t Router::tend_cache(int device, std::uint64_t now, std::uint64_t max_age_ns) {
   DevicePool* pool = existing_pool(device);
-  if (pool == nullptr || pool->cache().blocks() == 0) return 0;
+  if (pool == nullptr || pool->cache().bytes() == 0) return 0;
   RelaxedCaptureScope relaxed(driver_);
   if (captures_active_ == nullptr || !captures_active_()) advance_fences(*pool);
   if (max_age_ns == 0) return 0;
@@ -550,7 +542,7 @@ void Router::free_async(void* ptr, CUstream stream, Fallback real) {
   const std::optional<Allocation> a = table_.take(key);
   if (!a) {
     const int device = current_device();
-    if (valid_device(device)) stats(device).bump(stats(device).passthrough_frees);
+    if (valid_device(device)) stats(device).bump(&CounterShard::passthrough_frees);
     release_if_cached(key);
     real();
     return;
@@ -572,7 +564,7 @@ void Router::free_async(void* ptr, CUstream stream, Fallback real) {
   }
   DeviceStats& s = stats(a->device);
   s.on_free(a->requested);
-  s.bump(s.async_frees);
+  s.bump(&CounterShard::async_frees);
 }
 
 int Router::current_device() const {
@@ -591,7 +583,7 @@ void Router::free_unrouted(void* ptr, int caller_device, Fallback real) {
   // twice) while the real function frees it; put back if it did not.
   const std::optional<Allocation> a = table_.take(key);
   const int device = a ? a->device : caller_device;
-  if (valid_device(device)) stats(device).bump(stats(device).passthrough_frees);
+  if (valid_device(device)) stats(device).bump(&CounterShard::passthrough_frees);
   if (!a) release_if_cached(key);
   const RealResult result = real();
   if (!a) return;
@@ -603,7 +595,7 @@ void Router::free_unrouted(void* ptr, int caller_device, Fallback real) {
 }
 
 void Router::note_passthrough_alloc(int device) {
-  if (valid_device(device)) stats(device).bump(stats(device).passthrough_allocs);
+  if (valid_device(device)) stats(device).bump(&CounterShard::passthrough_allocs);
 }
 
 void Router::set_pool_access(DevicePool& pool, int from) {
@@ -649,7 +641,7 @@ std::uint64_t Router::cap(int device) const {
 }
 
 void Router::note_app_pool_alloc(int device) {
-  if (valid_device(device)) stats(device).bump(stats(device).app_pool_allocs);
+  if (valid_device(device)) stats(device).bump(&CounterShard::app_pool_allocs);
 }
 
 void Router::adjust_memory_info(int device, std::size_t* free, std::size_t* total) const {
@@ -695,20 +687,12 @@ void Router::before_device_reset(int device) {
   app_pool_[device].store(false, std::memory_order_relaxed);  // the reset restores the default
   // The object stays owned (a racing thread may still hold it); its driver objects go now,
   // and the cached blocks with the pool's memory.
+  if (pool != nullptr) pool->release();
   DeviceStats& s = stats(device);
-  if (pool != nullptr) {
-    pool->cache().remove_if([](const CachedBlock&) { return true; },
-                            [&s](const CachedBlock& b) { s.cached_bytes.sub(b.capacity); });
-    pool->release();
-  }
   // The reset destroys the device's streams and events too: forget them without touching them.
   if (registry_ != nullptr) registry_->drop_device(device);
-  table_.drop_device(device, [&s](std::uintptr_t, const Allocation& a) {
-    s.requested_bytes.sub(a.requested);
-    s.live_allocs.sub(1);
-    s.histogram[histogram_bucket(a.requested)].fetch_sub(1, std::memory_order_relaxed);
-    s.bump(s.reset_dropped);
-  });
+  table_.drop_device(device,
+                     [&s](std::uintptr_t, const Allocation& a) { s.on_dropped(a.requested); });
 }
 
 std::vector<int> Router::active_devices() const {
@@ -727,6 +711,8 @@ DeviceSnapshot Router::snapshot(int device) const {
   const DevicePool* pool = existing_pool(device);
   if (pool == nullptr) return snap;
   snap.pool = pool->usage();
+  snap.cached_bytes = pool->cache().bytes();
+  snap.cached_bytes_peak = pool->cache().peak_bytes();
   snap.cap = pool->cap();
   snap.device_info_valid = device_memory(*pool, &snap.device_free, &snap.device_total);
   return snap;
@@ -739,8 +725,8 @@ std::uint64_t Router::trim_idle(int device, std::uint64_t keep_reserved) {
   const std::uint64_t released = pool->trim_to(keep_reserved);
   if (released > 0) {
     DeviceStats& s = stats(device);
-    s.bump(s.idle_trims);
-    s.bump(s.idle_trimmed_bytes, released);
+    s.bump(&CounterShard::idle_trims);
+    s.bump(&CounterShard::idle_trimmed_bytes, released);
   }
   return released;
 }
@@ -771,7 +757,9 @@ std::vector<DeviceDescription> Router::describe_devices() const {
 
 std::uint64_t Router::pooled_allocations() const {
   std::uint64_t n = 0;
-  for (const auto& s : stats_) n += s.allocs.load(std::memory_order_relaxed);
+  for (const auto& s : stats_) {
+    for (const auto& shard : s.shards) n += shard.allocs.load(std::memory_order_relaxed);
+  }
   return n;
 }
 

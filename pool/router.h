@@ -47,6 +47,8 @@ struct DeviceSnapshot {
   int device = -1;
   StatsSnapshot stats;
   PoolUsage pool;
+  std::uint64_t cached_bytes = 0;       // in the user-space cache (used to the pool)
+  std::uint64_t cached_bytes_peak = 0;  // the most the cache held since the pool was made
   bool device_info_valid = false;
   std::uint64_t device_free = 0;
   std::uint64_t device_total = 0;

@@ -45,8 +45,7 @@ namespace poolshim {
 // X(name, meaning): figures with a current value, a peak and a running total of increases.
 #define POOLSHIM_GAUGES(X)                                                          \
   X(requested_bytes, "bytes the application asked for, in live pooled allocations") \
-  X(live_allocs, "live pooled allocations")                                         \
-  X(cached_bytes, "bytes of freed blocks held in the user-space cache (not live)")
+  X(live_allocs, "live pooled allocations")
 
 /// Buckets of the size histogram: bucket k counts live allocations of [2^k, 2^(k+1)) bytes.
 constexpr int kHistogramBuckets = 48;
@@ -57,24 +56,50 @@ inline int histogram_bucket(std::uint64_t bytes) {
   return k < kHistogramBuckets ? k : kHistogramBuckets - 1;
 }
 
+/// Counter shards per device: each thread adds to one shard (its own cache lines), the
+/// background thread sums them. Hooks on many threads then do not fight over one line.
+constexpr int kCounterShards = 16;
+
+/// The calling thread's shard, fixed at its first use (threads take shards in turn).
+inline int counter_shard() {
+  static std::atomic<int> next{0};
+  static thread_local const int shard =
+      next.fetch_add(1, std::memory_order_relaxed) % kCounterShards;
+  return shard;
+}
+
+/// A total that many threads add to: one cache line per shard, summed when read.
+class ShardedCounter {
+ public:
+  void add(std::uint64_t n = 1) {
+    slots_[static_cast<std::size_t>(counter_shard())].value.fetch_add(n, std::memory_order_relaxed);
+  }
+  std::uint64_t load() const {
+    std::uint64_t sum = 0;
+    for (const Slot& s : slots_) sum += s.value.load(std::memory_order_relaxed);
+    return sum;
+  }
+
+ private:
+  struct alignas(64) Slot {
+    std::atomic<std::uint64_t> value{0};
+  };
+  std::array<Slot, kCounterShards> slots_{};
+};
+
+/// A figure with a current value and an exact peak (one atomic each, shared by all threads:
+/// an exact peak needs one current value); its running total lives in the counter shards.
 struct Gauge {
   std::atomic<std::uint64_t> current{0};
   std::atomic<std::uint64_t> peak{0};
-  std::atomic<std::uint64_t> total{0};
 
   void add(std::uint64_t n) {
     const std::uint64_t now = current.fetch_add(n, std::memory_order_relaxed) + n;
-    total.fetch_add(n, std::memory_order_relaxed);
     std::uint64_t seen = peak.load(std::memory_order_relaxed);
     while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
     }
   }
   void sub(std::uint64_t n) { current.fetch_sub(n, std::memory_order_relaxed); }
-  void clear() {
-    current.store(0, std::memory_order_relaxed);
-    peak.store(0, std::memory_order_relaxed);
-    total.store(0, std::memory_order_relaxed);
-  }
 };
 
 struct GaugeValue {
@@ -83,30 +108,57 @@ struct GaugeValue {
   std::uint64_t total = 0;
 };
 
-/// The live counters of one device. Aligned so that two devices never share a cache line.
-struct alignas(64) DeviceStats {
+/// One shard of a device's counters (the X-macro counters, the gauges' totals, the
+/// histogram). Histogram buckets go up and down on different shards: only their sum means
+/// anything (unsigned wrap-around makes it exact).
+struct alignas(64) CounterShard {
 #define POOLSHIM_COUNTER_FIELD(name, meaning) std::atomic<std::uint64_t> name{0};
   POOLSHIM_COUNTERS(POOLSHIM_COUNTER_FIELD)
 #undef POOLSHIM_COUNTER_FIELD
-#define POOLSHIM_GAUGE_FIELD(name, meaning) Gauge name;
+#define POOLSHIM_GAUGE_TOTAL(name, meaning) std::atomic<std::uint64_t> name##_total{0};
+  POOLSHIM_GAUGES(POOLSHIM_GAUGE_TOTAL)
+#undef POOLSHIM_GAUGE_TOTAL
+  std::array<std::atomic<std::uint64_t>, kHistogramBuckets> histogram{};
+};
+
+using Counter = std::atomic<std::uint64_t> CounterShard::*;
+
+/// The live counters of one device.
+struct DeviceStats {
+#define POOLSHIM_GAUGE_FIELD(name, meaning) alignas(64) Gauge name;
   POOLSHIM_GAUGES(POOLSHIM_GAUGE_FIELD)
 #undef POOLSHIM_GAUGE_FIELD
-  std::array<std::atomic<std::uint64_t>, kHistogramBuckets> histogram{};
+  std::array<CounterShard, kCounterShards> shards{};
 
+  CounterShard& mine() {
+    return shards[static_cast<std::size_t>(counter_shard())];
+  }
   void on_alloc(std::uint64_t bytes) {
     requested_bytes.add(bytes);
     live_allocs.add(1);
-    allocs.fetch_add(1, std::memory_order_relaxed);
-    histogram[histogram_bucket(bytes)].fetch_add(1, std::memory_order_relaxed);
+    CounterShard& c = mine();
+    c.requested_bytes_total.fetch_add(bytes, std::memory_order_relaxed);
+    c.live_allocs_total.fetch_add(1, std::memory_order_relaxed);
+    c.allocs.fetch_add(1, std::memory_order_relaxed);
+    c.histogram[histogram_bucket(bytes)].fetch_add(1, std::memory_order_relaxed);
   }
   void on_free(std::uint64_t bytes) {
     requested_bytes.sub(bytes);
     live_allocs.sub(1);
-    frees.fetch_add(1, std::memory_order_relaxed);
-    histogram[histogram_bucket(bytes)].fetch_sub(1, std::memory_order_relaxed);
+    CounterShard& c = mine();
+    c.frees.fetch_add(1, std::memory_order_relaxed);
+    c.histogram[histogram_bucket(bytes)].fetch_sub(1, std::memory_order_relaxed);
   }
-  void bump(std::atomic<std::uint64_t>& counter, std::uint64_t n = 1) {
-    counter.fetch_add(n, std::memory_order_relaxed);
+  /// A live allocation that disappeared without a free (cudaDeviceReset).
+  void on_dropped(std::uint64_t bytes) {
+    requested_bytes.sub(bytes);
+    live_allocs.sub(1);
+    CounterShard& c = mine();
+    c.reset_dropped.fetch_add(1, std::memory_order_relaxed);
+    c.histogram[histogram_bucket(bytes)].fetch_sub(1, std::memory_order_relaxed);
+  }
+  void bump(Counter counter, std::uint64_t n = 1) {
+    (mine().*counter).fetch_add(n, std::memory_order_relaxed);
   }
 };
 
@@ -123,18 +175,23 @@ struct StatsSnapshot {
 
 inline StatsSnapshot take_snapshot(const DeviceStats& s) {
   StatsSnapshot out;
-#define POOLSHIM_COPY_COUNTER(name, meaning) out.name = s.name.load(std::memory_order_relaxed);
-  POOLSHIM_COUNTERS(POOLSHIM_COPY_COUNTER)
-#undef POOLSHIM_COPY_COUNTER
+  for (const CounterShard& c : s.shards) {
+#define POOLSHIM_SUM_COUNTER(name, meaning) out.name += c.name.load(std::memory_order_relaxed);
+    POOLSHIM_COUNTERS(POOLSHIM_SUM_COUNTER)
+#undef POOLSHIM_SUM_COUNTER
+#define POOLSHIM_SUM_TOTAL(name, meaning) \
+  out.name.total += c.name##_total.load(std::memory_order_relaxed);
+    POOLSHIM_GAUGES(POOLSHIM_SUM_TOTAL)
+#undef POOLSHIM_SUM_TOTAL
+    for (int i = 0; i < kHistogramBuckets; ++i) {
+      out.histogram[i] += c.histogram[i].load(std::memory_order_relaxed);
+    }
+  }
 #define POOLSHIM_COPY_GAUGE(name, meaning)                           \
   out.name.current = s.name.current.load(std::memory_order_relaxed); \
-  out.name.peak = s.name.peak.load(std::memory_order_relaxed);       \
-  out.name.total = s.name.total.load(std::memory_order_relaxed);
+  out.name.peak = s.name.peak.load(std::memory_order_relaxed);
   POOLSHIM_GAUGES(POOLSHIM_COPY_GAUGE)
 #undef POOLSHIM_COPY_GAUGE
-  for (int i = 0; i < kHistogramBuckets; ++i) {
-    out.histogram[i] = s.histogram[i].load(std::memory_order_relaxed);
-  }
   return out;
 }
 

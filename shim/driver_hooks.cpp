@@ -180,7 +180,7 @@ Router* routable(const HookScope& scope) {
   if (!scope.outermost()) return nullptr;
   Router* router = router_for_call();
   if (router == nullptr) return nullptr;
-  poolshim::shim::paths().driver_calls.fetch_add(1, std::memory_order_relaxed);
+  poolshim::shim::paths().driver_calls.add();
   return captures_active() ? nullptr : router;
 }
 
@@ -226,7 +226,7 @@ CUresult mem_free_async(Real real_fn, CUdeviceptr dptr, CUstream stream, bool pt
   HookScope scope;
   Router* router = scope.outermost() ? router_for_call() : nullptr;
   if (router == nullptr || dptr == 0) return real_fn(dptr, stream);
-  poolshim::shim::paths().driver_calls.fetch_add(1, std::memory_order_relaxed);
+  poolshim::shim::paths().driver_calls.add();
   CUresult result = CUDA_SUCCESS;
   auto call_real = [&] { return classify(result = real_fn(dptr, stream)); };
   void* ptr = reinterpret_cast<void*>(dptr);
@@ -348,7 +348,7 @@ POOLSHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   HookScope scope;
   Router* router = scope.outermost() ? router_for_call() : nullptr;
   if (router == nullptr) return real_fn(dptr);
-  poolshim::shim::paths().driver_calls.fetch_add(1, std::memory_order_relaxed);
+  poolshim::shim::paths().driver_calls.add();
   CUresult result = CUDA_SUCCESS;
   auto call_real = [&] { return classify(result = real_fn(dptr)); };
   void* ptr = reinterpret_cast<void*>(dptr);
@@ -594,8 +594,7 @@ POOLSHIM_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int
   const CUresult r = real::cuGetProcAddress_v2()(symbol, pfn, cudaVersion, flags, symbolStatus);
   if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) {
     void* answer = substitute(*pfn);
-    if (answer != *pfn)
-      poolshim::shim::paths().proc_address_answers.fetch_add(1, std::memory_order_relaxed);
+    if (answer != *pfn) poolshim::shim::paths().proc_address_answers.add();
     *pfn = answer;
   }
   return r;
@@ -606,8 +605,7 @@ POOLSHIM_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cu
   const CUresult r = real::cuGetProcAddress()(symbol, pfn, cudaVersion, flags);
   if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) {
     void* answer = substitute(*pfn);
-    if (answer != *pfn)
-      poolshim::shim::paths().proc_address_answers.fetch_add(1, std::memory_order_relaxed);
+    if (answer != *pfn) poolshim::shim::paths().proc_address_answers.add();
     *pfn = answer;
   }
   return r;
@@ -659,7 +657,7 @@ void* poolshim_dlsym_intercept(void* handle, const char* name) {
   if (i < 0) return nullptr;
   void* answer = poolshim::shim::real_dlsym()(handle, name);
   if (answer == nullptr || answer != real_export(i)) return nullptr;
-  poolshim::shim::paths().dlsym_answers.fetch_add(1, std::memory_order_relaxed);
+  poolshim::shim::paths().dlsym_answers.add();
   note_handed_out(i);
   return hook_address(i);
 }

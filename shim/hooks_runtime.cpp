@@ -23,7 +23,7 @@ Router* routable(const HookScope& scope) {
   if (!scope.outermost()) return nullptr;
   Router* router = router_for_call();
   if (router == nullptr) return nullptr;
-  poolshim::shim::paths().runtime_calls.fetch_add(1, std::memory_order_relaxed);
+  poolshim::shim::paths().runtime_calls.add();
   return captures_active() ? nullptr : router;
 }
 
@@ -31,8 +31,7 @@ Router* routable(const HookScope& scope) {
 Router* routable_free(const HookScope& scope) {
   if (!scope.outermost()) return nullptr;
   Router* router = router_for_call();
-  if (router != nullptr)
-    poolshim::shim::paths().runtime_calls.fetch_add(1, std::memory_order_relaxed);
+  if (router != nullptr) poolshim::shim::paths().runtime_calls.add();
   return router;
 }
 

@@ -43,10 +43,10 @@ void note_pooled_allocation();
 
 /// How many calls each way in reached the shim (the exit record's `paths`).
 struct PathCounters {
-  std::atomic<std::uint64_t> runtime_calls{0};         // outermost runtime allocation/free hooks
-  std::atomic<std::uint64_t> driver_calls{0};          // outermost driver allocation/free hooks
-  std::atomic<std::uint64_t> dlsym_answers{0};         // dlsym lookups answered with a hook
-  std::atomic<std::uint64_t> proc_address_answers{0};  // cuGetProcAddress answers with a hook
+  ShardedCounter runtime_calls;         // outermost runtime allocation/free hooks
+  ShardedCounter driver_calls;          // outermost driver allocation/free hooks
+  ShardedCounter dlsym_answers;         // dlsym lookups answered with a hook
+  ShardedCounter proc_address_answers;  // cuGetProcAddress answers with a hook
 };
 PathCounters& paths();
 

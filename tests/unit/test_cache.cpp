@@ -59,7 +59,6 @@ TEST_CASE("cache: a full class gives up its oldest ready block for a new one") {
   }
   REQUIRE(cache.put(block_at(0x100000, 1000, 1), 1, &evicted));
   CHECK(evicted.ptr == 0x1000);
-  CHECK(cache.blocks() == BlockCache::kSlots);
   CHECK(cache.bytes() == BlockCache::kSlots * 1000);
 }
 
@@ -70,7 +69,7 @@ TEST_CASE("cache: a full class of blocks still waiting for a fence keeps none mo
     REQUIRE(cache.put(block_at(0x1000 * (i + 1), 1000, 9), 1, &evicted));
   }
   CHECK_FALSE(cache.put(block_at(0x100000, 1000, 1), 1, &evicted));
-  CHECK(cache.blocks() == BlockCache::kSlots);
+  CHECK(cache.bytes() == BlockCache::kSlots * 1000);
 }
 
 TEST_CASE("cache: the byte limit bounds what is kept") {
@@ -94,7 +93,7 @@ TEST_CASE(
   DeviceSnapshot s = router.snapshot(0);
   CHECK(s.stats.frees == 1);
   CHECK(s.stats.live_allocs.current == 0);
-  CHECK(s.stats.cached_bytes.current == 1000);
+  CHECK(s.cached_bytes == 1000);
   CHECK(s.pool.used == 1024);  // still in use to the driver
   CHECK(router.unused_bytes(0) == 2 * MiB - 1024 + 1000);
 
@@ -107,8 +106,8 @@ TEST_CASE(
   CHECK(s.stats.allocs == 2);
   CHECK(s.stats.cache_hits == 1);
   CHECK(s.stats.cache_misses == 1);
-  CHECK(s.stats.cached_bytes.current == 0);
-  CHECK(s.stats.cached_bytes.peak == 1000);
+  CHECK(s.cached_bytes == 0);
+  CHECK(s.cached_bytes_peak == 1000);
   CHECK(s.stats.live_allocs.current == 1);
 }
 
@@ -171,7 +170,7 @@ TEST_CASE("cache: without seeing stream destruction a named stream gets no short
   void* p = async_alloc(router, 0, 4096, s1, real);
   router.free_async(p, s1, real);
   CHECK(async_alloc(router, 0, 4096, s1, real) != p);
-  CHECK(router.snapshot(0).stats.cached_bytes.current == 4096);
+  CHECK(router.snapshot(0).cached_bytes == 4096);
 }
 
 TEST_CASE("cache: the legacy default stream's blocks serve it at once") {
@@ -198,7 +197,7 @@ TEST_CASE("cache: a destroyed stream's blocks lose the shortcut") {
   router.free_async(p, s1, real);
   router.before_any_stream_destroy(s1);  // a new stream may get the same handle
   CHECK(async_alloc(router, 0, 4096, s1, real) != p);
-  CHECK(router.snapshot(0).stats.cached_bytes.current == 4096);
+  CHECK(router.snapshot(0).cached_bytes == 4096);
 }
 
 TEST_CASE(
@@ -239,7 +238,7 @@ TEST_CASE("cache: out of memory gives the cached blocks back to the pool before 
   RealStub real;
   void* p = sync_alloc(router, 0, 40 * MiB, real);
   router.free_sync(p, 0, real);
-  CHECK(router.snapshot(0).stats.cached_bytes.current == 40 * MiB);
+  CHECK(router.snapshot(0).cached_bytes == 40 * MiB);
   void* q = sync_alloc(router, 0, 41 * MiB, real);  // 40 + 42 MiB of chunks > 64 MiB
   CHECK(q != nullptr);
   CHECK(real.calls == 0);
@@ -247,7 +246,7 @@ TEST_CASE("cache: out of memory gives the cached blocks back to the pool before 
   CHECK(s.stats.oom_retries == 1);
   CHECK(s.stats.oom_retry_successes == 1);
   CHECK(s.stats.cache_returns == 1);
-  CHECK(s.stats.cached_bytes.current == 0);
+  CHECK(s.cached_bytes == 0);
   CHECK(s.pool.reserved == 42 * MiB);
 }
 
@@ -278,7 +277,7 @@ TEST_CASE(
   CHECK(d.calls("cuMemFreeAsync") == 1);  // the block went back to the pool first
   const DeviceSnapshot s = router.snapshot(0);
   CHECK(s.stats.passthrough_frees == 1);
-  CHECK(s.stats.cached_bytes.current == 0);
+  CHECK(s.cached_bytes == 0);
   CHECK(s.stats.cache_returns == 1);
   CHECK(s.stats.frees == 1);
 }
@@ -290,7 +289,7 @@ TEST_CASE("cache: a block over the cache's limit goes straight back to the pool"
   void* p = sync_alloc(router, 0, 8192, real);
   router.free_sync(p, 0, real);
   CHECK(d.calls("cuMemFreeAsync") == 1);
-  CHECK(router.snapshot(0).stats.cached_bytes.current == 0);
+  CHECK(router.snapshot(0).cached_bytes == 0);
   CHECK(router.snapshot(0).pool.used == 0);
 }
 
@@ -304,7 +303,7 @@ TEST_CASE("cache: blocks not reused for cache_age_ms go back to the pool") {
   CHECK(router.tend_cache(0, now_ns(), second) == 0);  // too young
   CHECK(router.tend_cache(0, now_ns() + 3 * second, second) == 1000);
   const DeviceSnapshot s = router.snapshot(0);
-  CHECK(s.stats.cached_bytes.current == 0);
+  CHECK(s.cached_bytes == 0);
   CHECK(s.stats.cache_returns == 1);
   CHECK(s.pool.used == 0);
 }
@@ -316,7 +315,7 @@ TEST_CASE("cache: cudaDeviceReset forgets the cached blocks") {
   void* p = sync_alloc(router, 0, 1000, real);
   router.free_sync(p, 0, real);
   router.before_device_reset(0);
-  CHECK(router.snapshot(0).stats.cached_bytes.current == 0);
+  CHECK(router.snapshot(0).cached_bytes == 0);
   CHECK(d.calls("cuMemFreeAsync") == 0);  // the reset frees the pool's memory itself
 }
 
@@ -347,6 +346,6 @@ TEST_CASE("cache: many threads allocating and freeing leave every byte accounted
   CHECK(s.stats.live_allocs.current == 0);
   router.tend_cache(0, now_ns() + 10000000000ULL, 1);  // age every block out
   s = router.snapshot(0);
-  CHECK(s.stats.cached_bytes.current == 0);
+  CHECK(s.cached_bytes == 0);
   CHECK(s.pool.used == 0);
 }

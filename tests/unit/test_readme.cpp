@@ -80,6 +80,8 @@ TEST_CASE("README: the log schema names every counter and gauge of a sample") {
                                      "reserved_bytes_peak",
                                      "used_bytes",
                                      "used_bytes_peak",
+                                     "cached_bytes",
+                                     "cached_bytes_peak",
                                      "pool_slack",
                                      "rounding_waste",
                                      "device_free",
