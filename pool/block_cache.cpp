@@ -86,6 +86,48 @@ bool BlockCache::put(const CachedBlock& block, std::uint64_t completed, CachedBl
   return true;
 }
 
+bool BlockCache::take_for_pool(std::uint64_t bytes, std::uint64_t completed, CachedBlock* out) {
+  if (!classes_) return false;
+  // In class k, takes the ready block that `accept`s and that `better` ranks first.
+  const auto take_best = [&](int k, auto&& accept, auto&& better) {
+    Class& c = classes_[k];
+    c.lock.lock();
+    int best = -1;
+    for (std::uint32_t i = 0; i < c.count; ++i) {
+      const CachedBlock& b = c.slots[i];
+      if (b.ready_at > completed || !accept(b)) continue;
+      if (best < 0 || better(b, c.slots[best])) best = static_cast<int>(i);
+    }
+    if (best >= 0) {
+      *out = c.slots[best];
+      erase(c, static_cast<std::uint32_t>(best));
+    }
+    c.lock.unlock();
+    if (best >= 0) bytes_.fetch_sub(out->capacity, std::memory_order_relaxed);
+    return best >= 0;
+  };
+  const auto smaller = [](const CachedBlock& a, const CachedBlock& b) {
+    return a.capacity < b.capacity;
+  };
+  const auto larger = [](const CachedBlock& a, const CachedBlock& b) {
+    return a.capacity > b.capacity;
+  };
+  // Classes hold ascending size ranges: the first class upward with a ready block large enough
+  // holds the smallest such block; failing that, the top class with a ready block the largest.
+  for (int k = class_of(bytes); k < kClasses; ++k) {
+    if (take_best(
+            k, [bytes](const CachedBlock& b) { return b.capacity >= bytes; }, smaller)) {
+      return true;
+    }
+  }
+  for (int k = kClasses; k-- > 0;) {
+    if (take_best(
+            k, [](const CachedBlock&) { return true; }, larger))
+      return true;
+  }
+  return false;
+}
+
 bool BlockCache::take_pointer(CUdeviceptr ptr, CachedBlock* out) {
   bool found = false;
   remove_if([&found, ptr](const CachedBlock& b) { return !found && (found = b.ptr == ptr); },

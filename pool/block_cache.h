@@ -90,6 +90,9 @@ class BlockCache {
   std::uint64_t remove_if(Pred&& pred, Sink&& sink);
   /// Forgets every block without handing it anywhere (the device was reset: they are gone).
   void clear();
+  /// For the pool to reuse: the smallest ready block of at least `bytes` (any size above), or
+  /// when there is none, the largest ready block. False when no block is ready.
+  bool take_for_pool(std::uint64_t bytes, std::uint64_t completed, CachedBlock* out);
   /// Takes the block at `ptr` whatever its state (a free of a pointer that is cached is a
   /// double free: the block must leave the cache before the real function sees it).
   bool take_pointer(CUdeviceptr ptr, CachedBlock* out);

@@ -136,6 +136,15 @@ PoolUsage DevicePool::usage() const {
   return u;
 }
 
+std::uint64_t DevicePool::reserved() const {
+  cuuint64_t v = 0;
+  if (pool_ == nullptr || driver_.cuMemPoolGetAttribute(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                                                        &v) != CUDA_SUCCESS) {
+    return 0;
+  }
+  return v;
+}
+
 std::uint64_t DevicePool::trim_to(std::uint64_t keep_reserved) const {
   const PoolUsage before = usage();
   if (!before.valid || driver_.cuMemPoolTrimTo(pool_, keep_reserved) != CUDA_SUCCESS) return 0;

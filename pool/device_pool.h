@@ -71,6 +71,8 @@ class DevicePool {
   std::uint64_t fence_in_flight = 0;
 
   PoolUsage usage() const;
+  /// The pool's reserved bytes now (one attribute query; 0 when it fails).
+  std::uint64_t reserved() const;
   /// Gives unused memory back until the pool holds fewer than `keep_reserved` bytes
   /// (cuMemPoolTrimTo). Returns the bytes released (by the pool's reserved figure).
   std::uint64_t trim_to(std::uint64_t keep_reserved) const;

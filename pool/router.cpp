@@ -229,8 +229,10 @@ bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Allo
     *out = cached.ptr;
     return true;
   }
+  const std::uint64_t reserved_before = reserved_before_miss(*pool);
   CUdeviceptr ptr = 0;
   CUresult r = allocate_with_retry(*pool, bytes, pool->stream(), &ptr);
+  after_miss(*pool, reserved_before);
   if (r == CUDA_SUCCESS) {
     // cudaMalloc's memory is usable from every stream once it returns: wait until the
     // allocation is done in our stream's order (it may wait on a reused block's free).
@@ -263,7 +265,9 @@ bool Router::allocate_async(int device, std::size_t bytes, CUstream stream, CUde
     ptr = cached.ptr;
     capacity = cached.capacity;
   } else {
+    const std::uint64_t reserved_before = reserved_before_miss(*pool);
     const CUresult r = allocate_with_retry(*pool, bytes, stream, &ptr);
+    after_miss(*pool, reserved_before);
     if (r != CUDA_SUCCESS) {
       decline_allocation(*pool, bytes, stream, true, r, real);
       return false;
@@ -432,6 +436,27 @@ bool Router::cache_block(DevicePool& pool, const Allocation& a, CUdeviceptr ptr,
   return true;
 }
 
+std::uint64_t Router::reserved_before_miss(const DevicePool& pool) const {
+  return pool.cache().bytes() > 0 ? pool.reserved() : 0;
+}
+
+void Router::after_miss(DevicePool& pool, std::uint64_t reserved_before) {
+  if (reserved_before == 0) return;
+  const std::uint64_t reserved = pool.reserved();
+  if (reserved <= reserved_before) return;
+  // The pool grew while the cache held blocks: give back as much ready memory as it grew by,
+  // so that the pool serves the next misses from it instead of growing again. The cache thus
+  // never holds memory the pool had to reserve on top of it: its peak stays near the pool's.
+  const std::uint64_t grown = reserved - reserved_before;
+  const std::uint64_t completed = pool.fences().completed();
+  std::uint64_t returned = 0;
+  CachedBlock b;
+  while (returned < grown && pool.cache().take_for_pool(grown - returned, completed, &b)) {
+    return_block(pool, b);
+    returned += b.capacity;
+  }
+}
+
 void Router::return_block(DevicePool& pool, const CachedBlock& b) {
   // Its fence has completed: no work touches it, so the pool's own stream may free it.
   driver_.cuMemFreeAsync(b.ptr, pool.stream());
@@ -503,6 +528,7 @@ void Router::release_if_cached(std::uintptr_t ptr) {
 }
 
 void Router::before_any_stream_destroy(CUstream stream) {
+  stream_epoch_.fetch_add(1, std::memory_order_acq_rel);
   for (int d = 0; d < kMaxDevices; ++d) {
     if (DevicePool* pool = existing_pool(d)) pool->cache().forget_stream(stream);
   }
@@ -573,8 +599,22 @@ int Router::current_device() const {
 }
 
 int Router::stream_device(CUstream stream) const {
+  // A thread mostly allocates on one stream: its device is remembered, so that the hot path
+  // makes no driver call (cuStreamGetDevice serializes threads in the driver). A stream
+  // destruction the shim sees, or a device reset, forgets every remembered stream.
+  struct Memo {
+    const Router* router = nullptr;
+    CUstream stream = nullptr;
+    std::uint64_t epoch = 0;
+    int device = -1;
+  };
+  static thread_local Memo memo;
+  const std::uint64_t epoch = stream_epoch_.load(std::memory_order_acquire);
+  if (memo.router == this && memo.stream == stream && memo.epoch == epoch) return memo.device;
   CUdevice device = -1;
-  return driver_.cuStreamGetDevice(stream, &device) == CUDA_SUCCESS ? static_cast<int>(device) : -1;
+  if (driver_.cuStreamGetDevice(stream, &device) != CUDA_SUCCESS) return -1;
+  memo = Memo{this, stream, epoch, static_cast<int>(device)};
+  return memo.device;
 }
 
 void Router::free_unrouted(void* ptr, int caller_device, Fallback real) {
@@ -681,6 +721,7 @@ bool Router::app_pool(int device) const {
 
 void Router::before_device_reset(int device) {
   if (!valid_device(device)) return;
+  stream_epoch_.fetch_add(1, std::memory_order_acq_rel);  // the device's streams are gone
   std::lock_guard<std::mutex> lock(create_mutex_);
   DevicePool* pool = pools_[device].exchange(nullptr, std::memory_order_acq_rel);
   pool_state_[device].store(PoolState::none, std::memory_order_relaxed);

@@ -191,6 +191,10 @@ class Router {
   /// Keeps a freed block; false when the cache will not (the caller frees it).
   bool cache_block(DevicePool& pool, const Allocation& a, CUdeviceptr ptr, CUstream stream,
                    std::uint64_t ready_at);
+  /// Around a pool allocation (a cache miss): when the pool had to reserve more while the
+  /// cache held blocks, ready blocks worth what it grew by go back to it.
+  std::uint64_t reserved_before_miss(const DevicePool& pool) const;
+  void after_miss(DevicePool& pool, std::uint64_t reserved_before);
   /// Gives a ready cached block back to the pool (in the pool's stream order).
   void return_block(DevicePool& pool, const CachedBlock& b);
   /// Gives every cached block whose fence has completed back to the pool; their frees are
@@ -236,6 +240,7 @@ class Router {
   bool (*captures_active_)() = nullptr;
   int device_count_ = 0;
   std::atomic<long long> oom_record_wait_ms_{0};
+  std::atomic<std::uint64_t> stream_epoch_{0};  // streams destroyed or reset (stream_device)
 
   std::array<std::atomic<DevicePool*>, kMaxDevices> pools_{};
   std::array<std::atomic<PoolState>, kMaxDevices> pool_state_{};

@@ -349,3 +349,43 @@ TEST_CASE("cache: many threads allocating and freeing leave every byte accounted
   CHECK(s.cached_bytes == 0);
   CHECK(s.pool.used == 0);
 }
+
+TEST_CASE("cache: when a miss makes the pool grow, ready blocks worth the growth go back to it") {
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
+  RealStub real;
+  void* small = sync_alloc(router, 0, MiB, real);  // one 2 MiB chunk
+  router.free_sync(small, 0, real);
+  void* big = sync_alloc(router, 0, 3 * MiB, real);  // a miss: the pool reserves a 4 MiB chunk
+  REQUIRE(big != nullptr);
+  const DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.pool.reserved == 6 * MiB);
+  CHECK(s.stats.cache_returns == 1);  // the 1 MiB block, all there was
+  CHECK(s.cached_bytes == 0);
+}
+
+TEST_CASE("cache: a miss the pool serves from memory it holds keeps the cached blocks") {
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
+  RealStub real;
+  void* p = sync_alloc(router, 0, 1000, real);
+  router.free_sync(p, 0, real);
+  CHECK(sync_alloc(router, 0, 5000, real) != nullptr);  // fits the 2 MiB chunk: no growth
+  const DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.pool.reserved == 2 * MiB);
+  CHECK(s.stats.cache_returns == 0);
+  CHECK(s.cached_bytes == 1000);
+}
+
+TEST_CASE("cache: a stream's device is asked of the driver once, until a stream is destroyed") {
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
+  d.make_current(0);
+  const CUstream s1 = make_stream(d);
+  CHECK(router.stream_device(s1) == 0);
+  CHECK(router.stream_device(s1) == 0);
+  CHECK(d.calls("cuStreamGetDevice") == 1);
+  router.before_any_stream_destroy(make_stream(d));  // any stream: handles can be reused
+  CHECK(router.stream_device(s1) == 0);
+  CHECK(d.calls("cuStreamGetDevice") == 2);
+}
