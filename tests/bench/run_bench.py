@@ -1,0 +1,563 @@
+#!/usr/bin/env python3
+"""The benchmark suite of issue 6 (DESIGN §6.4), run by scripts/bench on a machine with an
+NVIDIA GPU.
+
+Builds the library and hot_path_bench (scripts/build) while nvcc compiles the benchmark
+programs (shared runtime), then runs every workload with each of its contenders side by side,
+in rounds (round 1: A, B, C; round 2: A, B, C; ...), so that drift on a shared GPU hits every
+contender alike. Prints a table (median, spread min-max, ratios from medians, the issue's
+targets met or not) and writes OUT/bench.txt and OUT/bench.json (every raw run, the GPU, the
+commit, the date). Shim runs of workloads 1-4 write a log holding only the exit record
+(POOLSHIM_SAMPLE_MS=0: nothing is written while they are timed), so that every one of them is
+checked to have pooled its allocations and the pool's peaks and cache counters can be shown.
+
+    run_bench.py --build BUILD [--out DIR] [--quick] [--only NAME[,NAME]] [--no-build]
+
+Workloads: churn, async, threads, torch, observability. Exit status 0 when every selected
+workload ran (targets not met are no failure), 1 when one broke: a non-zero exit status, an
+output line it could not parse, a shim run that pooled nothing, or PyTorch losses that differ.
+"""
+
+import argparse
+import concurrent.futures
+import dataclasses
+import datetime
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from harness import (ROOT, Failure, clean_environment, exit_device, exit_record, logs_in, parse_fields,  # noqa: E402
+                     poolshim_log, run_process, with_shim)
+import bench_table as bt  # noqa: E402
+
+CUDA = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+PROGRAMS = {"churn_bench": "tests/bench/churn_bench.cu", "threads_bench": "tests/bench/threads_bench.cu"}
+WORKLOADS = ("churn", "async", "threads", "torch", "observability")
+NEEDS = {"churn": "churn_bench", "async": "churn_bench", "observability": "churn_bench", "threads": "threads_bench"}
+MiB = 1 << 20
+DIRECT_POOL_NOTE = ("direct pool: cudaMallocFromPoolAsync on a pool the program creates as poolshim creates its own "
+                    "(pinned device memory, release threshold UINT64_MAX, so it behaves as a warmed pool; reuse "
+                    "following events and opportunistic, not through internal dependencies), without the shim")
+# Per-device figures of the exit record kept with each shim run; the cache counters are newer
+# than the others and are shown only when the library writes them.
+POOL_FIELDS = ("allocs", "frees", "async_allocs", "async_frees", "ordered_frees", "passthrough_allocs",
+               "passthrough_frees", "fallback_allocs", "failed_allocs", "reserved_bytes_peak", "used_bytes_peak",
+               "cached_bytes", "cache_hits", "cache_misses")
+
+
+@dataclasses.dataclass
+class Settings:
+    rounds: int              # churn, async and the observability churn
+    thread_rounds: int
+    torch_rounds: int        # each PyTorch process spends 5-10 s starting
+    churn_iterations: int
+    churn_warmup: int
+    async_iterations: int
+    async_warmup: int
+    thread_pairs: int        # per thread
+    torch_steps: int
+    torch_warmup: int
+    observe_iterations: int  # long enough for several 100 ms samples under the shim
+
+
+FULL = Settings(rounds=5, thread_rounds=3, torch_rounds=2, churn_iterations=10000, churn_warmup=500,
+                async_iterations=50000, async_warmup=5000, thread_pairs=20000, torch_steps=40, torch_warmup=5,
+                observe_iterations=500000)
+QUICK = Settings(rounds=2, thread_rounds=1, torch_rounds=1, churn_iterations=1000, churn_warmup=100,
+                 async_iterations=5000, async_warmup=500, thread_pairs=2000, torch_steps=8, torch_warmup=2,
+                 observe_iterations=5000)
+
+
+class Broken(Exception):
+    """A workload that cannot be measured: the run's output says why. `groups`: the groups it
+    spoils (None: all of the workload's)."""
+
+    def __init__(self, message, groups=None):
+        super().__init__(message)
+        self.groups = groups
+
+
+@dataclasses.dataclass
+class Run:
+    """One contender of a workload: what each round runs once."""
+    label: str
+    contender: str
+    argv: list
+    env: dict              # on top of the clean environment
+    parse: object          # Result -> [(group, {metric: value})]
+    shim: bool = False
+    peak_from: str = None  # "torch" (its max_memory_reserved), "log" (the pool's reserved peak), None: n/a
+    losses: bool = False   # PyTorch: keep the loss lines; uncached runs must agree
+    rounds: int = None     # takes part in rounds 1..rounds (None: all of the workload's)
+
+
+@dataclasses.dataclass
+class Workload:
+    name: str
+    groups: list
+    runs: list
+    rounds: int
+    status: str = "not run"
+    error: str = ""
+    notes: list = dataclasses.field(default_factory=list)        # shown under the last group
+    group_notes: dict = dataclasses.field(default_factory=dict)  # group -> notes shown under it
+    broken_groups: set = dataclasses.field(default_factory=set)
+
+
+# ---- parsing what the programs print -------------------------------------------------------------
+
+def result_lines(text, prefix):
+    return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+def churn_parser(group):
+    def parse(result):
+        lines = result_lines(result.out, "churn_bench:")
+        if len(lines) != 1:
+            raise Broken(f"expected one 'churn_bench:' line, found {len(lines)}")
+        return [(group, {"us_per_pair": float(parse_fields(lines[0])["us_per_pair"])})]
+    return parse
+
+
+def threads_parser(result):
+    found = []
+    for line in result_lines(result.out, "threads_bench:"):
+        fields = parse_fields(line)
+        found.append((bt.threads_group(int(fields["threads"])), {"mpairs_per_s": float(fields["mpairs_per_s"])}))
+    wanted = [bt.threads_group(n) for n in bt.THREAD_COUNTS]
+    if [g for g, _ in found] != wanted:
+        raise Broken(f"expected one 'threads_bench:' line for each of {wanted}, found {[g for g, _ in found]}")
+    return found
+
+
+def torch_parser(group):
+    def parse(result):
+        fields = dict(line.split()[:2] for line in result.err.splitlines()
+                      if line.startswith(("median_step_ms ", "max_reserved_mb ")))
+        if "median_step_ms" not in fields:
+            raise Broken("no 'median_step_ms' line on stderr")
+        metrics = {"step_ms": float(fields["median_step_ms"])}
+        if "max_reserved_mb" in fields:
+            metrics["torch_max_reserved_mb"] = float(fields["max_reserved_mb"])
+        return [(group, metrics)]
+    return parse
+
+
+# ---- the workloads -------------------------------------------------------------------------------
+
+def shim_env(free="sync", log=True, **more):
+    """A shim run's options. log=True: a log with the exit record only (no sampling while timed)."""
+    env = {"POOLSHIM_FREE": free}
+    if log:
+        env["POOLSHIM_SAMPLE_MS"] = "0"
+    else:
+        env["POOLSHIM_LOG"] = ""
+    env.update(more)
+    return env
+
+
+def make_workloads(s, bins, only):
+    churn, threads = os.path.join(bins, "churn_bench"), os.path.join(bins, "threads_bench")
+    torch_train = [sys.executable, os.path.join(ROOT, "tests", "gpu", "torch_train.py"), str(s.torch_steps),
+                   str(s.torch_warmup)]
+    churn_contenders = [bt.NATIVE, bt.SHIM_SYNC, bt.SHIM_ORDERED]
+    out = []
+
+    groups, runs = [], []
+    for live, touch, name in ((64, "none", bt.CHURN_64), (64, "kernel", bt.CHURN_64_KERNEL),
+                              (1, "none", bt.CHURN_1), (1, "kernel", bt.CHURN_1_KERNEL)):
+        groups.append(bt.Group(name, "churn", "us_per_pair", "us per cudaMalloc+cudaFree pair, sizes 256 B-128 MiB"
+                               + (", a kernel writes each new buffer" if touch == "kernel" else ""),
+                               bt.NATIVE, bt.BASE_OVER_THIS, churn_contenders))
+        argv = [churn, "malloc", str(s.churn_iterations), str(live), str(128 * MiB), touch, str(s.churn_warmup)]
+        runs += [Run(f"{name} / {bt.NATIVE}", bt.NATIVE, argv, {}, churn_parser(name)),
+                 Run(f"{name} / {bt.SHIM_SYNC}", bt.SHIM_SYNC, argv, shim_env("sync"), churn_parser(name), shim=True),
+                 Run(f"{name} / {bt.SHIM_ORDERED}", bt.SHIM_ORDERED, argv, shim_env("ordered"), churn_parser(name),
+                     shim=True)]
+    out.append(Workload("churn", groups, runs, s.rounds))
+
+    def async_argv(api):
+        return [churn, api, str(s.async_iterations), "64", str(128 * MiB), "none", str(s.async_warmup)]
+    group = bt.Group(bt.ASYNC_64, "async", "us_per_pair",
+                     "us per cudaMallocAsync+cudaFreeAsync pair, one non-blocking stream, 64 live, "
+                     "sizes 256 B-128 MiB", bt.DIRECT_POOL, bt.THIS_OVER_BASE,
+                     [bt.DIRECT_POOL, bt.SHIM_SYNC, bt.NATIVE_DEFAULT_POOL, bt.NATIVE_DEFAULT_POOL_KEEP], digits=3)
+    parse = churn_parser(bt.ASYNC_64)
+    out.append(Workload("async", [group], [
+        Run(bt.DIRECT_POOL, bt.DIRECT_POOL, async_argv("pool"), {}, parse),
+        Run(bt.SHIM_SYNC, bt.SHIM_SYNC, async_argv("async"), shim_env("sync"), parse, shim=True),
+        Run(bt.NATIVE_DEFAULT_POOL, bt.NATIVE_DEFAULT_POOL, async_argv("async"), {}, parse),
+        Run(bt.NATIVE_DEFAULT_POOL_KEEP, bt.NATIVE_DEFAULT_POOL_KEEP, async_argv("async_keep"), {}, parse)],
+        s.rounds, notes=[DIRECT_POOL_NOTE, "native default pool, threshold max: the device's default pool with "
+                         "its release threshold set to UINT64_MAX (it keeps what it reserved, like the others)"]))
+
+    counts = ",".join(str(n) for n in bt.THREAD_COUNTS)
+    thread_contenders = [bt.DIRECT_POOL, bt.SHIM_SYNC, bt.NATIVE_DEFAULT_POOL]
+    groups = [bt.Group(bt.threads_group(n), "threads", "mpairs_per_s",
+                       f"aggregate M pairs/s, {n} thread(s), each its own non-blocking stream, 16 live, "
+                       f"sizes 256 B-4 MiB", bt.DIRECT_POOL, bt.THIS_OVER_BASE, thread_contenders, digits=3,
+                       higher_is_better=True) for n in bt.THREAD_COUNTS]
+
+    def threads_argv(api):
+        return [threads, api, counts, str(s.thread_pairs), "16", str(4 * MiB)]
+    out.append(Workload("threads", groups, [
+        Run(bt.DIRECT_POOL, bt.DIRECT_POOL, threads_argv("pool"), {}, threads_parser),
+        Run(bt.SHIM_SYNC, bt.SHIM_SYNC, threads_argv("async"), shim_env("sync"), threads_parser, shim=True),
+        Run(bt.NATIVE_DEFAULT_POOL, bt.NATIVE_DEFAULT_POOL, threads_argv("async"), {}, threads_parser)],
+        s.thread_rounds, notes=[DIRECT_POOL_NOTE + ", one for all threads",
+                                f"{s.thread_pairs} pairs per thread, timed from the barrier to the last join"]))
+
+    uncached = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    group = bt.Group(bt.TORCH, "torch", "step_ms", "median ms per training step (tests/gpu/torch_train.py)",
+                     bt.TORCH_CACHING, bt.THIS_OVER_BASE,
+                     [bt.TORCH_CACHING, bt.TORCH_ASYNC_BACKEND, bt.TORCH_UNCACHED, bt.TORCH_UNCACHED_SYNC,
+                      bt.TORCH_UNCACHED_ORDERED], extras=(("peak_reserved_mb", "peak reserved MB", 0),))
+    parse = torch_parser(bt.TORCH)
+    out.append(Workload("torch", [group], [
+        Run(bt.TORCH_CACHING, bt.TORCH_CACHING, torch_train, {}, parse, peak_from="torch", losses=True),
+        Run(bt.TORCH_ASYNC_BACKEND, bt.TORCH_ASYNC_BACKEND, torch_train,
+            {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, parse, peak_from="torch", losses=True),
+        Run(bt.TORCH_UNCACHED, bt.TORCH_UNCACHED, torch_train, uncached, parse, losses=True),
+        Run(bt.TORCH_UNCACHED_SYNC, bt.TORCH_UNCACHED_SYNC, torch_train, dict(uncached, **shim_env("sync")), parse,
+            shim=True, peak_from="log", losses=True),
+        Run(bt.TORCH_UNCACHED_ORDERED, bt.TORCH_UNCACHED_ORDERED, torch_train,
+            dict(uncached, **shim_env("ordered")), parse, shim=True, peak_from="log", losses=True)],
+        s.torch_rounds))
+
+    observe = [bt.LOG_OFF, bt.LOG_100MS, bt.BACKTRACE_8]
+    options = {bt.LOG_OFF: {"POOLSHIM_LOG": ""},
+               bt.LOG_100MS: {"POOLSHIM_SAMPLE_MS": "100"},
+               bt.BACKTRACE_8: {"POOLSHIM_LOG": "", "POOLSHIM_BACKTRACE": "8"}}
+    groups = [bt.Group(bt.OBSERVE_CHURN, "observability", "us_per_pair",
+                       "us per cudaMalloc+cudaFree pair under the shim (sync), 64 live; delta = us per allocation",
+                       bt.LOG_OFF, bt.COST_PERCENT, observe, show_delta=True),
+              bt.Group(bt.OBSERVE_TORCH, "observability", "step_ms",
+                       "median ms per PyTorch step, uncached + shim ordered", bt.LOG_OFF, bt.COST_PERCENT, observe,
+                       show_delta=True)]
+    churn_argv = [churn, "malloc", str(s.observe_iterations), "64", str(128 * MiB), "none", str(s.churn_warmup)]
+    runs = []
+    for name in observe:
+        runs.append(Run(f"churn / {name}", name, churn_argv, dict(options[name], POOLSHIM_FREE="sync"),
+                        churn_parser(bt.OBSERVE_CHURN), shim=True, rounds=s.rounds))
+    # PyTorch takes part in the first rounds only: each of its processes spends seconds starting.
+    for name in observe:
+        runs.append(Run(f"torch / {name}", name, torch_train, dict(uncached, POOLSHIM_FREE="ordered", **options[name]),
+                        torch_parser(bt.OBSERVE_TORCH), shim=True, losses=True, rounds=s.torch_rounds))
+    out.append(Workload("observability", groups, runs, max(s.rounds, s.torch_rounds)))
+    return [w for w in out if w.name in only]
+
+
+# ---- running -------------------------------------------------------------------------------------
+
+def slug(text):
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
+
+
+class Bench:
+    def __init__(self, args, settings):
+        self.build = os.path.realpath(args.build)
+        self.out = os.path.realpath(args.out)
+        self.library = os.path.join(self.build, "libpoolshim.so")
+        self.settings = settings
+        self.started = time.time()
+        self.runs = []      # every raw run, for bench.json
+        self.samples = []   # one figure of one run each (bench_table)
+        self.reference_losses = None  # the first uncached PyTorch run's
+
+    def progress(self, text):
+        print(f"[{time.time() - self.started:6.1f} s] {text}", flush=True)
+
+    def environment(self, extra):
+        env = clean_environment()
+        for name in ("PYTORCH_NO_CUDA_MEMORY_CACHING", "PYTORCH_CUDA_ALLOC_CONF"):  # the contenders set these
+            env.pop(name, None)
+        paths = [os.path.join(CUDA, "lib64")] + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else [])
+        env["LD_LIBRARY_PATH"] = ":".join(paths)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(extra)
+        return env
+
+    def pool_figures(self, folder):
+        """The exit record's figures of the one process that pooled allocations."""
+        try:
+            logs = [poolshim_log.read_log(p) for p in logs_in(folder)]
+            pooled = [log for log in logs if exit_record(log)["pooled_allocs"] > 0]
+            if len(pooled) != 1:
+                raise Broken(f"expected one log with pooled allocations in {folder}, found {len(pooled)} "
+                             f"(of {len(logs)}): the shim did not serve this run")
+            ex, device = exit_device(pooled[0])
+        except (Failure, poolshim_log.LogError) as e:
+            raise Broken(f"log in {folder}: {e}") from None
+        figures = {k: device[k] for k in POOL_FIELDS if k in device}
+        figures["pooled_allocs"] = ex["pooled_allocs"]
+        figures["paths"] = ex.get("paths")
+        return figures
+
+    def execute(self, workload, run, round_number):
+        folder = os.path.join(self.out, "logs", workload.name, f"r{round_number}-{slug(run.label)}")
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
+        env = self.environment(run.env)
+        if run.shim:
+            env = with_shim(env, self.library, os.path.join(folder, "log-%p.jsonl"))
+        record = {"workload": workload.name, "label": run.label, "contender": run.contender, "round": round_number,
+                  "argv": run.argv, "env": {k: v for k, v in run.env.items()}, "shim": run.shim}
+        started = time.time()
+        try:
+            result = run_process(run.argv, env, timeout=600)
+        except subprocess.TimeoutExpired:
+            raise Broken(f"{run.label}: no result within 600 s") from None
+        record.update(rc=result.rc, wall_s=round(time.time() - started, 3), stdout_tail=result.out[-4000:],
+                      stderr_tail=result.err[-4000:])
+        self.runs.append(record)
+        if result.rc != 0:
+            raise Broken(f"{run.label}: exit status {result.rc}\n{result.describe()[-3000:]}")
+        try:
+            figures = run.parse(result)
+        except (KeyError, ValueError, IndexError) as e:
+            raise Broken(f"{run.label}: cannot parse its output ({e!r})\n{result.describe()[-3000:]}") from None
+        logged = run.shim and env.get("POOLSHIM_LOG") != ""
+        if logged:
+            record["pool"] = self.pool_figures(folder)
+        for group, metrics in figures:
+            if run.peak_from == "torch":
+                metrics["peak_reserved_mb"] = metrics.get("torch_max_reserved_mb")
+            elif run.peak_from == "log":
+                metrics["peak_reserved_mb"] = record["pool"]["reserved_bytes_peak"] / MiB
+            elif group == bt.TORCH:
+                metrics["peak_reserved_mb"] = None  # uncached without the shim: nothing reserves
+            for metric, value in metrics.items():
+                self.samples.append({"group": group, "contender": run.contender, "metric": metric, "value": value,
+                                     "round": round_number, "workload": workload.name})
+        record["metrics"] = figures
+        record["groups"] = [group for group, _ in figures]
+        if run.losses:
+            record["losses"] = [line for line in result.out.splitlines() if line.startswith("loss ")]
+            expected = self.settings.torch_steps + self.settings.torch_warmup
+            if len(record["losses"]) != expected:
+                raise Broken(f"{run.label}: {len(record['losses'])} loss lines, expected {expected}")
+        return record
+
+    def describe(self, record):
+        parts = []
+        for group, metrics in record["metrics"]:
+            shown = ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()
+                              if v is not None and k != "torch_max_reserved_mb")
+            parts.append(f"{group}: {shown}" if len(record["metrics"]) > 1 else shown)
+        pool = record.get("pool")
+        if pool:
+            parts.append(f"pooled {pool['pooled_allocs']}")
+            if "cache_hits" in pool:
+                parts.append(f"cache hits {pool['cache_hits']} misses {pool.get('cache_misses')}")
+        return "; ".join(parts)
+
+    def run_workload(self, workload):
+        self.progress(f"{workload.name}: {len(workload.runs)} contender runs a round, {workload.rounds} rounds")
+        workload.status = "running"
+        try:
+            for r in range(1, workload.rounds + 1):
+                for run in workload.runs:
+                    if run.rounds is not None and r > run.rounds:
+                        continue
+                    record = self.execute(workload, run, r)
+                    self.progress(f"{workload.name} round {r}/{workload.rounds}: {run.label}: {self.describe(record)}")
+            self.check_losses(workload)
+            workload.status = "ok"
+        except Broken as e:
+            workload.status, workload.error = "BROKEN", str(e)
+            workload.broken_groups = set(e.groups or [g.name for g in workload.groups])
+            self.progress(f"{workload.name}: BROKEN: {e}")
+        for group, note in self.pool_notes(workload):
+            workload.group_notes.setdefault(group, []).append(note)
+
+    def check_losses(self, workload):
+        """Uncached PyTorch runs (with and without the shim, any free mode or log option) must
+        print the same losses, bit for bit; the caching allocators' are compared for the record."""
+        runs = [r for r in self.runs if r["workload"] == workload.name and "losses" in r]
+        if not runs:
+            return
+        uncached = [r for r in runs if r["env"].get("PYTORCH_NO_CUDA_MEMORY_CACHING") == "1"]
+        if self.reference_losses is None and uncached:
+            self.reference_losses = (uncached[0]["label"], uncached[0]["round"], uncached[0]["losses"])
+        if self.reference_losses is None:
+            return
+        label, round_number, reference = self.reference_losses
+        for r in uncached:
+            if r["losses"] != reference:
+                first = next(i for i, (a, b) in enumerate(zip(r["losses"], reference)) if a != b)
+                raise Broken(f"LOSSES DIFFER: {r['label']} (round {r['round']}) from {label} (round {round_number}) "
+                             f"at step {first}: {r['losses'][first]!r} vs {reference[first]!r}",
+                             groups={g for run in runs for g in run["groups"]})
+        others = [r for r in runs if r not in uncached]
+        if others:
+            same = all(r["losses"] == reference for r in others)
+            workload.notes.append(f"uncached losses identical across {len(uncached)} runs; the caching allocators' "
+                                  f"losses {'equal them too' if same else 'differ from them (allowed)'}")
+        else:
+            workload.notes.append(f"uncached losses identical across {len(uncached)} runs")
+
+    def pool_notes(self, workload):
+        """(group, note): what the last logged run of each shim contender says about the pool,
+        under the (last) group that run measured."""
+        notes = []
+        seen = {}
+        for r in self.runs:
+            if r["workload"] == workload.name and r.get("pool") and r.get("groups"):
+                seen[r["label"]] = (r["groups"][-1], r["contender"], r["pool"])
+        for group, contender, pool in seen.values():
+            text = (f"{contender}: pooled {pool['pooled_allocs']}, passed through {pool.get('passthrough_allocs')}, "
+                    f"reserved peak {poolshim_log.fmt_bytes(pool.get('reserved_bytes_peak'))}")
+            if pool.get("ordered_frees"):
+                text += f", ordered frees {pool['ordered_frees']} of {pool.get('frees')}"
+            if "cache_hits" in pool or "cached_bytes" in pool:
+                text += (f"; cache hits {pool.get('cache_hits', '?')}, misses {pool.get('cache_misses', '?')}, "
+                         f"cached {poolshim_log.fmt_bytes(pool.get('cached_bytes'))} at exit")
+            notes.append((group, text))
+        return notes
+
+
+# ---- building ------------------------------------------------------------------------------------
+
+def build(bench, args, programs):
+    """The library (scripts/build) and the nvcc programs, all at once."""
+    bins = os.path.join(bench.build, "bench-bin")
+    os.makedirs(bins, exist_ok=True)
+    library = None
+    build_log = os.path.join(bench.out, "build.log")
+    if not args.no_build:
+        bench.progress("building libpoolshim.so and hot_path_bench (scripts/build) and the benchmark programs")
+        with open(build_log, "w") as log:
+            library = subprocess.Popen([os.path.join(ROOT, "scripts", "build"), "-DPOOLSHIM_TESTS=ON"], cwd=ROOT,
+                                       env=dict(os.environ, POOLSHIM_BUILD_DIR=bench.build), stdout=log,
+                                       stderr=subprocess.STDOUT)
+    jobs = [[os.path.join(CUDA, "bin", "nvcc"), "-O2", "-std=c++17", "-arch=sm_90", "-cudart", "shared",
+             "-Itests/programs", PROGRAMS[name], "-o", os.path.join(bins, name), "-lpthread"] for name in programs]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+        done = list(pool.map(lambda cmd: subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True), jobs))
+    failed = False
+    for cmd, d in zip(jobs, done):
+        if d.returncode != 0:
+            print(d.stdout + d.stderr, flush=True)
+            print(f"poolshim bench: nvcc failed: {' '.join(cmd)}", flush=True)
+            failed = True
+    if library is not None and library.wait() != 0:
+        with open(build_log) as log:
+            print(log.read()[-6000:], flush=True)
+        print(f"poolshim bench: the library build failed (log above, whole log in {build_log})", flush=True)
+        failed = True
+    if not failed and not os.path.exists(bench.library):
+        print(f"poolshim bench: no library at {bench.library}", flush=True)
+        failed = True
+    if failed:
+        return None
+    bench.progress(f"built {len(jobs)} benchmark programs" + ("" if args.no_build else " and the library"))
+    return bins
+
+
+def hot_path(bench, settings):
+    """The Router's own cost per pair and its scaling on this machine's cores (no GPU involved):
+    what bounds the threads workload once the driver is out of the hot path."""
+    program = os.path.join(bench.build, "tests", "hot_path_bench")
+    if not os.path.exists(program):
+        return None
+    bench.progress("hot path: the Router alone over the CPU double, 1-16 threads")
+    result = run_process([program, str(settings.thread_pairs * 10), "16"], clean_environment(), 300)
+    lines = result_lines(result.out, "hot_path ")
+    return lines if result.rc == 0 and lines else [f"hot_path_bench failed: {result.describe()[:400]}"]
+
+
+# ---- the report ----------------------------------------------------------------------------------
+
+def command_output(args):
+    try:
+        done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=30)
+        return done.stdout.strip() if done.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def report(bench, workloads, facts):
+    groups = [g for w in workloads for g in w.groups]
+    rows = bt.all_rows(groups, bench.samples)
+    broken = {g for w in workloads for g in w.broken_groups}
+    verdicts = bt.evaluate_targets(bt.ISSUE_TARGETS, rows, broken)
+    dirty = " (uncommitted changes)" if facts["dirty"] else ""
+    lines = [f"poolshim bench: {facts['gpu']}, commit {facts['commit']}{dirty}, "
+             f"{facts['date_utc']}{', --quick' if facts['quick'] else ''}",
+             "medians over rounds; spread = min-max of the rounds; ratios from medians", ""]
+    for w in workloads:
+        for i, g in enumerate(w.groups):
+            status = f"{w.status}: {w.error.splitlines()[0]}" if g.name in w.broken_groups else None
+            notes = w.group_notes.get(g.name, []) + (w.notes if i == len(w.groups) - 1 else [])
+            lines.append(bt.render_group(g, [rows[(g.name, c)] for c in g.contenders], status, notes))
+            lines.append("")
+    if facts.get("hot_path"):
+        lines.append("== hot path: the Router alone (tests/perf/hot_path.cpp): cudaMallocAsync/cudaFreeAsync cache hits "
+                     "over the CPU driver double, no driver call, each thread its own stream, 16 live, 256 B-4 MiB")
+        lines += ["   " + line for line in facts["hot_path"]]
+        lines.append("")
+    lines.append(bt.render_targets(verdicts))
+    text = "\n".join(lines) + "\n"
+    result = dict(facts, settings=dataclasses.asdict(bench.settings),
+                  workloads={w.name: {"status": w.status, "error": w.error, "rounds": w.rounds, "notes": w.notes,
+                                      "group_notes": w.group_notes, "broken_groups": sorted(w.broken_groups)}
+                             for w in workloads},
+                  groups=[dataclasses.asdict(g) for g in groups], rows=list(rows.values()), targets=verdicts,
+                  runs=bench.runs, samples=bench.samples, wall_s=round(time.time() - bench.started, 1))
+    with open(os.path.join(bench.out, "bench.txt"), "w", encoding="utf-8") as f:
+        f.write(text)
+    with open(os.path.join(bench.out, "bench.json"), "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    return text
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--build", required=True, help="build folder of the library (POOLSHIM_BUILD_DIR)")
+    parser.add_argument("--out", help="where bench.txt, bench.json and the logs go (default BUILD/bench)")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and iterations: a smoke run")
+    parser.add_argument("--only", help="comma-separated workloads: " + ", ".join(WORKLOADS))
+    parser.add_argument("--no-build", action="store_true", help="use the library already in BUILD")
+    args = parser.parse_args()
+    only = WORKLOADS if not args.only else tuple(n.strip() for n in args.only.split(",") if n.strip())
+    unknown = [n for n in only if n not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}")
+    args.out = args.out or os.path.join(args.build, "bench")
+    os.makedirs(args.out, exist_ok=True)
+    settings = QUICK if args.quick else FULL
+    bench = Bench(args, settings)
+    gpu = command_output(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
+    facts = {"suite": "poolshim bench (issue 6)", "gpu": gpu or "unknown GPU",
+             "commit": command_output(["git", "rev-parse", "HEAD"]) or "unknown",
+             "dirty": bool(command_output(["git", "status", "--porcelain", "--untracked-files=no"])),
+             "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+             "host": socket.gethostname(), "quick": args.quick, "only": list(only)}
+    bench.progress(f"GPU: {facts['gpu']}; workloads: {', '.join(only)}{' (quick)' if args.quick else ''}")
+    bins = build(bench, args, sorted({NEEDS[n] for n in only if n in NEEDS}))
+    if bins is None:
+        return 1
+    facts["build_s"] = round(time.time() - bench.started, 1)
+    workloads = make_workloads(settings, bins, only)
+    for w in workloads:
+        bench.run_workload(w)
+    facts["hot_path"] = hot_path(bench, settings)
+    text = report(bench, workloads, facts)
+    print("\n" + text, end="", flush=True)
+    broken = [w.name for w in workloads if w.status != "ok"]
+    print(f"poolshim bench: {time.time() - bench.started:.0f} s in all (build {facts['build_s']:.0f} s); "
+          f"{os.path.join(bench.out, 'bench.txt')}, {os.path.join(bench.out, 'bench.json')}"
+          + (f"; BROKEN: {', '.join(broken)}" if broken else ""), flush=True)
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
