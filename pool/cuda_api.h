@@ -40,6 +40,7 @@ namespace poolshim {
   X(cuStreamCreate)                    \
   X(cuStreamDestroy_v2)                \
   X(cuStreamSynchronize)               \
+  X(cuStreamQuery)                     \
   X(cuStreamGetDevice)                 \
   X(cuMemPoolCreate)                   \
   X(cuMemPoolDestroy)                  \

@@ -232,7 +232,7 @@ bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Allo
   const std::uint64_t reserved_before = reserved_before_miss(*pool);
   CUdeviceptr ptr = 0;
   CUresult r = allocate_with_retry(*pool, bytes, pool->stream(), &ptr);
-  after_miss(*pool, reserved_before);
+  after_miss(*pool, reserved_before, pool->stream());
   if (r == CUDA_SUCCESS) {
     // cudaMalloc's memory is usable from every stream once it returns: wait until the
     // allocation is done in our stream's order (it may wait on a reused block's free).
@@ -267,7 +267,7 @@ bool Router::allocate_async(int device, std::size_t bytes, CUstream stream, CUde
   } else {
     const std::uint64_t reserved_before = reserved_before_miss(*pool);
     const CUresult r = allocate_with_retry(*pool, bytes, stream, &ptr);
-    after_miss(*pool, reserved_before);
+    after_miss(*pool, reserved_before, stream);
     if (r != CUDA_SUCCESS) {
       decline_allocation(*pool, bytes, stream, true, r, real);
       return false;
@@ -315,8 +315,12 @@ void Router::free_sync(void* ptr, int caller_device, Fallback real) {
   }
   DevicePool* pool = existing_pool(a->device);
   if (pool != nullptr && ordered_mode_ && ordered_free_possible(*pool)) {
-    // Kept until the next fence has completed (no driver call now), or freed in order.
-    if (cache_block(*pool, *a, key, nullptr, pool->fences().next()) ||
+    // Kept until the next fence has completed, or freed in order. A faulted context must
+    // still answer with its sticky error, as the native cudaFree does (seen on an H200): an
+    // idle stream's query reports it without waiting for anything.
+    const CUresult state = driver_.cuStreamQuery(pool->stream());
+    const bool healthy = state == CUDA_SUCCESS || state == CUDA_ERROR_NOT_READY;
+    if ((healthy && cache_block(*pool, *a, key, nullptr, pool->fences().next())) ||
         free_ordered(*pool, key) == CUDA_SUCCESS) {
       DeviceStats& s = stats(a->device);
       s.on_free(a->requested);
@@ -440,7 +444,7 @@ std::uint64_t Router::reserved_before_miss(const DevicePool& pool) const {
   return pool.cache().bytes() > 0 ? pool.reserved() : 0;
 }
 
-void Router::after_miss(DevicePool& pool, std::uint64_t reserved_before) {
+void Router::after_miss(DevicePool& pool, std::uint64_t reserved_before, CUstream stream) {
   if (reserved_before == 0) return;
   const std::uint64_t reserved = pool.reserved();
   if (reserved <= reserved_before) return;
@@ -452,14 +456,15 @@ void Router::after_miss(DevicePool& pool, std::uint64_t reserved_before) {
   std::uint64_t returned = 0;
   CachedBlock b;
   while (returned < grown && pool.cache().take_for_pool(grown - returned, completed, &b)) {
-    return_block(pool, b);
+    return_block(pool, b, stream);
     returned += b.capacity;
   }
 }
 
-void Router::return_block(DevicePool& pool, const CachedBlock& b) {
-  // Its fence has completed: no work touches it, so the pool's own stream may free it.
-  driver_.cuMemFreeAsync(b.ptr, pool.stream());
+void Router::return_block(DevicePool& pool, const CachedBlock& b, CUstream stream) {
+  // Its fence has completed: no work touches it, so any stream may free it; the stream of the
+  // allocation that made room reuses it at once in its own order.
+  driver_.cuMemFreeAsync(b.ptr, stream != nullptr ? stream : pool.stream());
   stats(pool.ordinal()).bump(&CounterShard::cache_returns);
 }
 

@@ -194,9 +194,9 @@ class Router {
   /// Around a pool allocation (a cache miss): when the pool had to reserve more while the
   /// cache held blocks, ready blocks worth what it grew by go back to it.
   std::uint64_t reserved_before_miss(const DevicePool& pool) const;
-  void after_miss(DevicePool& pool, std::uint64_t reserved_before);
-  /// Gives a ready cached block back to the pool (in the pool's stream order).
-  void return_block(DevicePool& pool, const CachedBlock& b);
+  void after_miss(DevicePool& pool, std::uint64_t reserved_before, CUstream stream);
+  /// Gives a ready cached block back to the pool, freed on `stream` (nullptr: the pool's own).
+  void return_block(DevicePool& pool, const CachedBlock& b, CUstream stream = nullptr);
   /// Gives every cached block whose fence has completed back to the pool; their frees are
   /// complete when this returns (for a trim that follows). Returns the bytes.
   std::uint64_t return_ready_blocks(DevicePool& pool);

@@ -288,12 +288,11 @@ F* unhooked(const char* name, std::atomic<void*>& cache) {
 void register_stream(CUresult r, const CUstream* stream, unsigned int flags) {
   if (!poolshim::shim::bookkeeping_allowed()) return;
   poolshim::shim::streams().mark_observed();
-  // Blocking streams need no entry: the legacy default stream orders them (DESIGN §3). Only
-  // free mode ordered waits for streams.
-  if (r != CUDA_SUCCESS || stream == nullptr || (flags & CU_STREAM_NON_BLOCKING) == 0 ||
-      !poolshim::shim::ordered_mode()) {
-    return;
-  }
+  // Blocking streams need no entry: the legacy default stream orders them (DESIGN §3). Every
+  // non-blocking one does, in both free modes: ordered frees and the cache's event fences wait
+  // for each (a fence that missed one let a block freed on it serve another stream while a
+  // kernel still wrote to it: seen on an H200 in sync mode).
+  if (r != CUDA_SUCCESS || stream == nullptr || (flags & CU_STREAM_NON_BLOCKING) == 0) return;
   static std::atomic<void*> get_device{nullptr};
   static std::atomic<void*> event_create{nullptr};
   auto* stream_get_device =

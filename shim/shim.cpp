@@ -354,10 +354,6 @@ bool bookkeeping_allowed() {
   return !state().forked_child_passthrough.load(std::memory_order_relaxed);
 }
 
-bool ordered_mode() {
-  return state().parsed.config.free == "ordered";
-}
-
 }  // namespace poolshim::shim
 
 POOLSHIM_EXPORT const char* poolshim_version() {

@@ -68,8 +68,6 @@ void capture_ended(cudaStream_t stream);
 /// False in a forked child of a process whose core had started: hooks then touch no shim
 /// state at all (the parent's locks may have been copied held).
 bool bookkeeping_allowed();
-/// POOLSHIM_FREE=ordered (stream hooks then make an event with each non-blocking stream).
-bool ordered_mode();
 
 /// How a real runtime call fared, for the counters.
 inline RealResult classify(cudaError_t e) {
