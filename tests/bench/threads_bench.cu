@@ -28,26 +28,10 @@
 #include <thread>
 #include <vector>
 
+#include "bench_pool.h"
 #include "common.h"
 
 namespace {
-
-cudaMemPool_t make_pool_like_poolshim(int device) {
-  cudaMemPoolProps props{};
-  props.allocType = cudaMemAllocationTypePinned;
-  props.handleTypes = cudaMemHandleTypeNone;
-  props.location.type = cudaMemLocationTypeDevice;
-  props.location.id = device;
-  cudaMemPool_t pool = nullptr;
-  CHECK_CUDA(cudaMemPoolCreate(&pool, &props));
-  std::uint64_t keep_everything = UINT64_MAX;
-  int on = 1, off = 0;
-  CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
-  CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseFollowEventDependencies, &on));
-  CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowOpportunistic, &on));
-  CHECK_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &off));
-  return pool;
-}
 
 struct Worker {
   cudaStream_t stream = nullptr;

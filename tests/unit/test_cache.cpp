@@ -30,6 +30,14 @@ CachedBlock block_at(CUdeviceptr ptr, std::uint64_t capacity, std::uint64_t read
   return CachedBlock{ptr, capacity, nullptr, ready_at, 0};
 }
 
+// cudaMalloc then cudaFree of `bytes` on device 0: the block goes to the cache.
+template <typename Real>
+void* cached_block(Router& router, std::size_t bytes, Real& real) {
+  void* p = sync_alloc(router, 0, bytes, real);
+  router.free_sync(p, 0, real);
+  return p;
+}
+
 CUstream make_stream(const testing::DriverDouble& d) {
   CUstream s = nullptr;
   REQUIRE(d.api.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
@@ -86,8 +94,7 @@ TEST_CASE(
   Rig rig(1, 64 * MiB);
   auto& [d, config, events, router] = rig;
   RealStub real;
-  void* p = sync_alloc(router, 0, 1000, real);
-  router.free_sync(p, 0, real);
+  void* p = cached_block(router, 1000, real);
   CHECK(d.calls("cuCtxSynchronize") == 1);  // cudaFree's native synchronization, the fence
   CHECK(d.calls("cuMemFreeAsync") == 0);    // kept, not freed
   DeviceSnapshot s = router.snapshot(0);
@@ -115,8 +122,7 @@ TEST_CASE("cache: a block serves requests up to a quarter smaller than itself, n
   Rig rig(1, 64 * MiB);
   auto& [d, config, events, router] = rig;
   RealStub real;
-  void* p = sync_alloc(router, 0, 1000, real);
-  router.free_sync(p, 0, real);
+  void* p = cached_block(router, 1000, real);
   CHECK(sync_alloc(router, 0, 1001, real) != p);  // larger than the block
   CHECK(sync_alloc(router, 0, 799, real) != p);   // the block is over 5/4 of it
   CHECK(sync_alloc(router, 0, 800, real) == p);
@@ -214,8 +220,7 @@ TEST_CASE(
   streams.add({app_stream, 0, app_event});
   streams.mark_observed();
   RealStub real;
-  void* p = sync_alloc(router, 0, 1000, real);
-  router.free_sync(p, 0, real);
+  void* p = cached_block(router, 1000, real);
   CHECK(d.calls("cuEventRecord") == 0);
   CHECK(d.calls("cuCtxSynchronize") == 0);
   CHECK(d.calls("cuMemFreeAsync") == 0);
@@ -236,8 +241,7 @@ TEST_CASE("cache: out of memory gives the cached blocks back to the pool before 
   Rig rig(1, 64 * MiB, with_cache(64 * MiB));
   auto& [d, config, events, router] = rig;
   RealStub real;
-  void* p = sync_alloc(router, 0, 40 * MiB, real);
-  router.free_sync(p, 0, real);
+  cached_block(router, 40 * MiB, real);
   CHECK(router.snapshot(0).cached_bytes == 40 * MiB);
   void* q = sync_alloc(router, 0, 41 * MiB, real);  // 40 + 42 MiB of chunks > 64 MiB
   CHECK(q != nullptr);
@@ -254,8 +258,7 @@ TEST_CASE("cache: cudaMemGetInfo counts cached blocks as free") {
   Rig rig(1, 64 * MiB, with_cache(64 * MiB));
   auto& [d, config, events, router] = rig;
   RealStub real;
-  void* p = sync_alloc(router, 0, MiB, real);
-  router.free_sync(p, 0, real);
+  cached_block(router, MiB, real);
   std::size_t free = 10 * MiB;
   std::size_t total = 64 * MiB;
   router.adjust_memory_info(0, &free, &total);
@@ -269,8 +272,7 @@ TEST_CASE(
   Rig rig(1, 64 * MiB);
   auto& [d, config, events, router] = rig;
   RealStub real;
-  void* p = sync_alloc(router, 0, 1000, real);
-  router.free_sync(p, 0, real);
+  void* p = cached_block(router, 1000, real);
   RealStub second;
   router.free_sync(p, 0, second);
   CHECK(second.calls == 1);  // the real cudaFree answers (cudaErrorInvalidValue natively)
@@ -286,8 +288,7 @@ TEST_CASE("cache: a block over the cache's limit goes straight back to the pool"
   Rig rig(1, 64 * MiB, with_cache(4096));
   auto& [d, config, events, router] = rig;
   RealStub real;
-  void* p = sync_alloc(router, 0, 8192, real);
-  router.free_sync(p, 0, real);
+  cached_block(router, 8192, real);
   CHECK(d.calls("cuMemFreeAsync") == 1);
   CHECK(router.snapshot(0).cached_bytes == 0);
   CHECK(router.snapshot(0).pool.used == 0);
@@ -297,8 +298,7 @@ TEST_CASE("cache: blocks not reused for cache_age_ms go back to the pool") {
   Rig rig(1, 64 * MiB);
   auto& [d, config, events, router] = rig;
   RealStub real;
-  void* p = sync_alloc(router, 0, 1000, real);
-  router.free_sync(p, 0, real);
+  cached_block(router, 1000, real);
   const std::uint64_t second = 1000000000ULL;
   CHECK(router.tend_cache(0, now_ns(), second) == 0);  // too young
   CHECK(router.tend_cache(0, now_ns() + 3 * second, second) == 1000);
@@ -312,8 +312,7 @@ TEST_CASE("cache: cudaDeviceReset forgets the cached blocks") {
   Rig rig(1, 64 * MiB);
   auto& [d, config, events, router] = rig;
   RealStub real;
-  void* p = sync_alloc(router, 0, 1000, real);
-  router.free_sync(p, 0, real);
+  cached_block(router, 1000, real);
   router.before_device_reset(0);
   CHECK(router.snapshot(0).cached_bytes == 0);
   CHECK(d.calls("cuMemFreeAsync") == 0);  // the reset frees the pool's memory itself
@@ -368,8 +367,7 @@ TEST_CASE("cache: a miss the pool serves from memory it holds keeps the cached b
   Rig rig(1, 64 * MiB);
   auto& [d, config, events, router] = rig;
   RealStub real;
-  void* p = sync_alloc(router, 0, 1000, real);
-  router.free_sync(p, 0, real);
+  cached_block(router, 1000, real);
   CHECK(sync_alloc(router, 0, 5000, real) != nullptr);  // fits the 2 MiB chunk: no growth
   const DeviceSnapshot s = router.snapshot(0);
   CHECK(s.pool.reserved == 2 * MiB);
