@@ -19,8 +19,7 @@ void BlockCache::erase(Class& c, std::uint32_t i) {
   --c.count;
 }
 
-void BlockCache::note_added(const CachedBlock& b) {
-  const std::uint64_t now = bytes_.fetch_add(b.capacity, std::memory_order_relaxed) + b.capacity;
+void BlockCache::note_added(const CachedBlock& b, std::uint64_t now) {
   std::uint64_t peak = peak_bytes_.load(std::memory_order_relaxed);
   while (now > peak && !peak_bytes_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
   }
@@ -58,10 +57,16 @@ bool BlockCache::take(std::uint64_t bytes, CUstream stream, std::uint64_t comple
 
 bool BlockCache::put(const CachedBlock& block, std::uint64_t completed, CachedBlock* evicted) {
   if (!classes_) return false;
-  if (bytes_.load(std::memory_order_relaxed) + block.capacity > limit_) return false;
+  // Counted before it is published, so that a take of it never makes the count wrap below 0.
+  const std::uint64_t now =
+      bytes_.fetch_add(block.capacity, std::memory_order_relaxed) + block.capacity;
+  if (now > limit_) {
+    bytes_.fetch_sub(block.capacity, std::memory_order_relaxed);
+    return false;
+  }
   Class& c = classes_[class_of(block.capacity)];
   c.lock.lock();
-  bool evicting = false;
+  evicted->ptr = 0;
   if (c.count == kSlots) {
     // Full: the oldest ready block makes room (it goes back to the pool); if none is ready,
     // the new block is not kept.
@@ -69,20 +74,16 @@ bool BlockCache::put(const CachedBlock& block, std::uint64_t completed, CachedBl
     while (i < c.count && c.slots[i].ready_at > completed) ++i;
     if (i == c.count) {
       c.lock.unlock();
+      bytes_.fetch_sub(block.capacity, std::memory_order_relaxed);
       return false;
     }
     *evicted = c.slots[i];
     erase(c, i);
-    evicting = true;
   }
   c.slots[c.count++] = block;
   c.lock.unlock();
-  if (evicting) {
-    bytes_.fetch_sub(evicted->capacity, std::memory_order_relaxed);
-  } else {
-    evicted->ptr = 0;
-  }
-  note_added(block);
+  if (evicted->ptr != 0) bytes_.fetch_sub(evicted->capacity, std::memory_order_relaxed);
+  note_added(block, evicted->ptr != 0 ? now - evicted->capacity : now);
   return true;
 }
 

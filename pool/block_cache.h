@@ -116,7 +116,8 @@ class BlockCache {
     CachedBlock slots[kSlots];
   };
   static void erase(Class& c, std::uint32_t i);
-  void note_added(const CachedBlock& b);
+  /// Keeps the peak and the newest fence; `now` is the byte count with `b` in it.
+  void note_added(const CachedBlock& b, std::uint64_t now);
 
   const std::uint64_t limit_;
   std::unique_ptr<Class[]> classes_;

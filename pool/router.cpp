@@ -485,7 +485,7 @@ CUresult Router::synchronize_as_fence(DevicePool& pool) {
   return r;
 }
 
-bool Router::advance_fences(DevicePool& pool) {
+bool Router::advance_fences(DevicePool& pool, bool may_start) {
   std::unique_lock<std::mutex> lock(pool.fence_mutex(), std::try_to_lock);
   if (!lock.owns_lock()) return false;  // another thread is at it
   FenceClock& fences = pool.fences();
@@ -501,7 +501,7 @@ bool Router::advance_fences(DevicePool& pool) {
   }
   // Only an event behind every stream of the device makes a fence without a host stall; where
   // the streams' order proves nothing, blocks wait for a synchronizing cudaFree or an OOM.
-  if (pool.cache().waiting(fences.completed()) && unordered_reason(pool) == nullptr) {
+  if (may_start && pool.cache().waiting(fences.completed()) && unordered_reason(pool) == nullptr) {
     const std::uint64_t k = fences.start();
     DeviceStats& s = stats(pool.ordinal());
     s.bump(&CounterShard::fences);
@@ -540,32 +540,35 @@ void Router::before_any_stream_destroy(CUstream stream) {
 }
 
 std::uint64_t Router::tend_cache(int device, std::uint64_t now, std::uint64_t max_age_ns) {
+  std::lock_guard<std::mutex> lock(create_mutex_);  // not racing a device reset's release
   DevicePool* pool = existing_pool(device);
   if (pool == nullptr || pool->cache().bytes() == 0) return 0;
   RelaxedCaptureScope relaxed(driver_);
-  if (captures_active_ == nullptr || !captures_active_()) advance_fences(*pool);
+  // Polls the fence in flight only: starting one records on the application's streams, which
+  // a capture beginning on another thread at that moment would take in (misses start them).
+  advance_fences(*pool, false);
   if (max_age_ns == 0) return 0;
   const std::uint64_t completed = pool->fences().completed();
-  const std::uint64_t returned = pool->cache().remove_if(
+  return pool->cache().remove_if(
       [&](const CachedBlock& b) {
         return b.ready_at <= completed && b.freed_ns + max_age_ns < now;
       },
       [&](const CachedBlock& b) { return_block(*pool, b); });
-  return returned;
 }
 
-void Router::before_stream_destroy(const StreamRegistry::Entry& entry) {
+void Router::wait_for_stream_at_destroy(const StreamRegistry::Entry& entry) {
   DevicePool* pool = existing_pool(entry.device);
-  if (entry.event == nullptr) return;
-  if (pool != nullptr && (ordered_mode_ || pool->cache().limit() > 0)) {
-    // Work still queued on the stream may touch blocks that are freed later (or cached now and
-    // fenced later), when the stream is no longer listed: make the free stream wait for it now.
-    ScopedContext ctx(driver_, pool->context());
-    if (driver_.cuEventRecord(entry.event, entry.stream) == CUDA_SUCCESS) {
-      driver_.cuStreamWaitEvent(pool->free_stream(), entry.event, 0);
-    }
+  if (entry.event == nullptr || pool == nullptr) return;
+  if (!ordered_mode_ && pool->cache().limit() == 0) return;
+  ScopedContext ctx(driver_, pool->context());
+  if (driver_.cuEventRecord(entry.event, entry.stream) == CUDA_SUCCESS) {
+    driver_.cuStreamWaitEvent(pool->free_stream(), entry.event, 0);
   }
-  driver_.cuEventDestroy_v2(entry.event);  // released by the driver once the wait is done
+}
+
+void Router::release_stream_event(const StreamRegistry::Entry& entry) {
+  // Released by the driver once the free stream's wait on it is done.
+  if (entry.event != nullptr) driver_.cuEventDestroy_v2(entry.event);
 }
 
 void Router::free_async(void* ptr, CUstream stream, Fallback real) {
@@ -578,16 +581,26 @@ void Router::free_async(void* ptr, CUstream stream, Fallback real) {
     real();
     return;
   }
+  DevicePool* pool = existing_pool(a->device);
+  // Only a free in the order of a stream of the block's own device and primary context may be
+  // cached: the block's later users (that stream at once, others after a fence of this
+  // device) are ordered behind no other context's streams.
+  bool own_stream = false;
   if (is_default_stream(stream)) {
     // The default streams are the current context's; a thread with none gets the block's
     // device's primary context, as the runtime would give it its current device's.
     CUcontext current = nullptr;
     driver_.cuCtxGetCurrent(&current);
-    const DevicePool* own = existing_pool(a->device);
-    if (current == nullptr && own != nullptr) driver_.cuCtxSetCurrent(own->context());
+    if (current == nullptr && pool != nullptr &&
+        driver_.cuCtxSetCurrent(pool->context()) == CUDA_SUCCESS) {
+      current = pool->context();
+    }
+    own_stream = pool != nullptr && current == pool->context();
+  } else {
+    own_stream = pool != nullptr && stream_device(stream) == a->device &&
+                 (registry_ == nullptr || !registry_->foreign_context());
   }
-  DevicePool* pool = existing_pool(a->device);
-  if ((pool == nullptr ||
+  if ((!own_stream ||
        !cache_block(*pool, *a, key, cache_affinity(stream), pool->fences().next())) &&
       driver_.cuMemFreeAsync(key, stream) != CUDA_SUCCESS) {
     finish_failed_free(key, *a, real);
@@ -765,9 +778,16 @@ DeviceSnapshot Router::snapshot(int device) const {
 }
 
 std::uint64_t Router::trim_idle(int device, std::uint64_t keep_reserved) {
+  std::lock_guard<std::mutex> lock(create_mutex_);  // not racing a device reset's release
   DevicePool* pool = existing_pool(device);
   if (pool == nullptr) return 0;
-  return_ready_blocks(*pool);  // an idle pool keeps no cache: its blocks go back, then the trim
+  // An idle pool keeps no cache: its blocks go back, then the trim. Blocks no event fence can
+  // reach (say, two devices in use) get the one synchronization here, while nothing runs.
+  if (pool->cache().waiting(pool->fences().completed()) &&
+      (captures_active_ == nullptr || !captures_active_())) {
+    synchronize_as_fence(*pool);
+  }
+  return_ready_blocks(*pool);
   const std::uint64_t released = pool->trim_to(keep_reserved);
   if (released > 0) {
     DeviceStats& s = stats(device);

@@ -121,9 +121,12 @@ class Router {
   std::uint64_t cap(int device) const;
   /// A legacy IPC export failed: if `ptr` is pooled, say why (once).
   void note_ipc_failure(const void* ptr);
-  /// Before a registered non-blocking stream is destroyed: blocks freed later in `ordered`
-  /// mode must still wait for the work it holds.
-  void before_stream_destroy(const StreamRegistry::Entry& entry);
+  /// Before a registered non-blocking stream is destroyed, while it is still listed (see
+  /// StreamRegistry::remove): blocks freed or fenced later must still wait for the work it
+  /// holds, so the free stream waits for it now.
+  void wait_for_stream_at_destroy(const StreamRegistry::Entry& entry);
+  /// After the stream left the list: its event goes.
+  void release_stream_event(const StreamRegistry::Entry& entry);
   /// Memory the device's pool holds but has not handed out.
   std::uint64_t unused_bytes(int device) const;
   /// cudaMemGetInfo as the application must see it: the pool's unused memory counts as free,
@@ -205,9 +208,9 @@ class Router {
   /// then answers as natively (the pointer is no longer allocated) and the block is never
   /// handed out twice.
   void release_if_cached(std::uintptr_t ptr);
-  /// Polls the event fence in flight and starts one when blocks wait for it. True when the
-  /// completed fence moved. Never blocks: another thread at it means false.
-  bool advance_fences(DevicePool& pool);
+  /// Polls the event fence in flight and (`may_start`) starts one when blocks wait for it. True
+  /// when the completed fence moved. Never blocks: another thread at it means false.
+  bool advance_fences(DevicePool& pool, bool may_start = true);
   /// A synchronization of the device that is a fence: returns its result.
   CUresult synchronize_as_fence(DevicePool& pool);
   /// One allocation attempt, with the trim-and-retry of DESIGN §3 on out-of-memory.

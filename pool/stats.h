@@ -187,6 +187,11 @@ inline StatsSnapshot take_snapshot(const DeviceStats& s) {
       out.histogram[i] += c.histogram[i].load(std::memory_order_relaxed);
     }
   }
+  // Shards are read one after another: an allocation counted on a shard already read and its
+  // free on one read later leave a sum one below the truth, which wraps; clamp it at 0.
+  for (auto& bucket : out.histogram) {
+    if (static_cast<std::int64_t>(bucket) < 0) bucket = 0;
+  }
 #define POOLSHIM_COPY_GAUGE(name, meaning)                           \
   out.name.current = s.name.current.load(std::memory_order_relaxed); \
   out.name.peak = s.name.peak.load(std::memory_order_relaxed);

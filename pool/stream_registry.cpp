@@ -10,19 +10,6 @@ void StreamRegistry::add(const Entry& entry) {
   if (entry.event == nullptr) eventless_.fetch_add(1, std::memory_order_release);
 }
 
-bool StreamRegistry::remove(CUstream stream, Entry* out) {
-  std::unique_lock<std::shared_mutex> lock(mutex_);
-  for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    if (it->stream == stream) {
-      *out = *it;
-      if (it->event == nullptr) eventless_.fetch_sub(1, std::memory_order_release);
-      entries_.erase(it);
-      return true;
-    }
-  }
-  return false;
-}
-
 void StreamRegistry::drop_device(int device) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
   std::vector<Entry> kept;

@@ -9,6 +9,7 @@
 #include <cuda.h>
 
 #include <atomic>
+#include <mutex>
 #include <shared_mutex>
 #include <vector>
 
@@ -25,7 +26,25 @@ class StreamRegistry {
   /// A non-blocking stream was created.
   void add(const Entry& entry);
   /// The stream is being destroyed: removes it and returns its entry (false if unknown).
-  bool remove(CUstream stream, Entry* out);
+  bool remove(CUstream stream, Entry* out) {
+    return remove(stream, out, [](const Entry&) {});
+  }
+  /// As remove, calling `last_use(entry)` first under the exclusive lock: no ordered free or
+  /// fence (which walk the list under the shared lock) can run between it and the removal, so
+  /// none can miss the stream's last work.
+  template <typename F>
+  bool remove(CUstream stream, Entry* out, F&& last_use) {
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->stream != stream) continue;
+      last_use(static_cast<const Entry&>(*it));
+      *out = *it;
+      if (it->event == nullptr) eventless_.fetch_sub(1, std::memory_order_release);
+      entries_.erase(it);
+      return true;
+    }
+    return false;
+  }
   /// After a device reset every stream and event of the device is gone: forget them (no
   /// driver call: their handles are no longer valid).
   void drop_device(int device);
@@ -40,6 +59,8 @@ class StreamRegistry {
     return true;
   }
   std::size_t size() const;
+  /// The number of entries without taking the lock (tests, from inside remove's callback).
+  std::size_t size_unlocked_for_tests() const { return entries_.size(); }
   /// Streams listed without an event: work on them cannot be ordered before a free.
   bool has_eventless() const { return eventless_.load(std::memory_order_acquire) > 0; }
 

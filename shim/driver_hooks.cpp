@@ -425,15 +425,16 @@ CUresult reset_device(decltype(&::cuDevicePrimaryCtxReset_v2) real_fn, CUdevice 
 
 CUresult destroy_stream(decltype(&::cuStreamDestroy_v2) real_fn, CUstream stream) {
   if (poolshim::shim::bookkeeping_allowed()) {
-    if (Router* router = poolshim::shim::router_if_running()) {
-      router->before_any_stream_destroy(stream);
-    }
-  }
-  poolshim::StreamRegistry::Entry entry;
-  if (poolshim::shim::bookkeeping_allowed() && poolshim::shim::streams().remove(stream, &entry)) {
-    if (Router* router = poolshim::shim::router_if_running()) {
-      router->before_stream_destroy(entry);
-    } else if (entry.event != nullptr) {
+    Router* router = poolshim::shim::router_if_running();
+    if (router != nullptr) router->before_any_stream_destroy(stream);
+    poolshim::StreamRegistry::Entry entry;
+    const bool listed = poolshim::shim::streams().remove(
+        stream, &entry, [router](const poolshim::StreamRegistry::Entry& e) {
+          if (router != nullptr) router->wait_for_stream_at_destroy(e);
+        });
+    if (listed && router != nullptr) {
+      router->release_stream_event(entry);
+    } else if (listed && entry.event != nullptr) {
       static std::atomic<void*> destroy{nullptr};
       auto* event_destroy = unhooked<decltype(::cuEventDestroy_v2)>("cuEventDestroy_v2", destroy);
       if (event_destroy != nullptr) event_destroy(entry.event);

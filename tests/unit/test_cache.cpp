@@ -387,3 +387,48 @@ TEST_CASE("cache: a stream's device is asked of the driver once, until a stream 
   CHECK(router.stream_device(s1) == 0);
   CHECK(d.calls("cuStreamGetDevice") == 2);
 }
+
+TEST_CASE("cache: a cudaFreeAsync on another device's default stream is freed natively") {
+  Rig rig(2, 64 * MiB);
+  auto& [d, config, events, router] = rig;
+  d.make_current(0);
+  RealStub real;
+  void* p = async_alloc(router, 0, 4096, nullptr, real);
+  REQUIRE(p != nullptr);
+  d.make_current(1);  // device 1's legacy stream never orders device 0's work
+  router.free_async(p, nullptr, real);
+  CHECK(d.calls("cuMemFreeAsync") == 1);
+  CHECK(router.snapshot(0).cached_bytes == 0);
+  CHECK(router.snapshot(0).stats.frees == 1);
+}
+
+TEST_CASE("cache: an idle trim synchronizes once for blocks no event fence can reach") {
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
+  StreamRegistry streams;
+  streams.mark_observed();
+  router.set_stream_registry(&streams);
+  d.make_current(0);
+  const CUstream s1 = make_stream(d);
+  streams.add({make_stream(d), 0, nullptr});  // no event fence possible
+  RealStub real;
+  void* p = async_alloc(router, 0, 4096, s1, real);
+  router.free_async(p, s1, real);
+  CHECK(router.tend_cache(0, now_ns() + 10000000000ULL, 1) == 0);  // not ready: not aged out
+  router.trim_idle(0, 0);
+  CHECK(d.calls("cuCtxSynchronize") == 1);
+  const DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.cached_bytes == 0);
+  CHECK(s.stats.cache_returns == 1);
+  CHECK(s.pool.reserved == 0);
+}
+
+TEST_CASE("stats: a histogram bucket read between an allocation and its free never wraps") {
+  DeviceStats stats;
+  stats.shards[1].histogram[12].fetch_sub(1);  // the free, on a shard read after...
+  StatsSnapshot snap = take_snapshot(stats);   // ...the allocation's shard was read as 0
+  CHECK(snap.histogram[12] == 0);
+  stats.shards[0].histogram[12].fetch_add(2);
+  snap = take_snapshot(stats);
+  CHECK(snap.histogram[12] == 1);
+}

@@ -443,8 +443,13 @@ TEST_CASE("router: a destroyed stream's queued work still orders later ordered f
   REQUIRE(d.api.cuEventCreate(&app_event, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
   streams.add({app_stream, 0, app_event});
   StreamRegistry::Entry entry;
-  REQUIRE(streams.remove(app_stream, &entry));
-  router.before_stream_destroy(entry);
+  std::size_t listed_during_last_use = 0;
+  REQUIRE(streams.remove(app_stream, &entry, [&](const StreamRegistry::Entry& e) {
+    listed_during_last_use = streams.size_unlocked_for_tests();
+    router.wait_for_stream_at_destroy(e);
+  }));
+  router.release_stream_event(entry);
+  CHECK(listed_during_last_use == 1);  // no fence could run in between and miss the stream
   CHECK(d.calls("cuEventRecord") == 1);
   CHECK(d.calls("cuStreamWaitEvent") == 1);
   CHECK(d.calls("cuEventDestroy_v2") == 1);
