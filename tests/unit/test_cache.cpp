@@ -44,6 +44,16 @@ CUstream make_stream(const testing::DriverDouble& d) {
   return s;
 }
 
+// The shim has seen stream creation, and one stream is listed without an event: no event fence
+// can be made (the double's events would complete at once), so only a synchronization is a
+// fence. Device 0's context is made current.
+void streams_without_event_fences(Rig& rig, StreamRegistry& streams) {
+  streams.mark_observed();
+  rig.router.set_stream_registry(&streams);
+  rig.d.make_current(0);
+  streams.add({make_stream(rig.d), 0, nullptr});
+}
+
 }  // namespace
 
 TEST_CASE("cache: four size classes per power of two") {
@@ -138,14 +148,9 @@ TEST_CASE(
   Rig rig(1, 64 * MiB);
   auto& [d, config, events, router] = rig;
   StreamRegistry streams;
-  streams.mark_observed();
-  router.set_stream_registry(&streams);
-  d.make_current(0);
+  streams_without_event_fences(rig, streams);
   const CUstream s1 = make_stream(d);
   const CUstream s2 = make_stream(d);
-  // A stream listed without an event: no event fence can be made (the double's events would
-  // complete at once), so only a synchronizing cudaFree is a fence here.
-  streams.add({make_stream(d), 0, nullptr});
   RealStub real;
   void* p = async_alloc(router, 0, 4096, s1, real);
   router.free_async(p, s1, real);
@@ -193,11 +198,8 @@ TEST_CASE("cache: a destroyed stream's blocks lose the shortcut") {
   Rig rig(1, 64 * MiB);
   auto& [d, config, events, router] = rig;
   StreamRegistry streams;
-  streams.mark_observed();
-  router.set_stream_registry(&streams);
-  d.make_current(0);
+  streams_without_event_fences(rig, streams);
   const CUstream s1 = make_stream(d);
-  streams.add({make_stream(d), 0, nullptr});  // no event fence (see above)
   RealStub real;
   void* p = async_alloc(router, 0, 4096, s1, real);
   router.free_async(p, s1, real);
@@ -406,11 +408,8 @@ TEST_CASE("cache: an idle trim synchronizes once for blocks no event fence can r
   Rig rig(1, 64 * MiB);
   auto& [d, config, events, router] = rig;
   StreamRegistry streams;
-  streams.mark_observed();
-  router.set_stream_registry(&streams);
-  d.make_current(0);
+  streams_without_event_fences(rig, streams);
   const CUstream s1 = make_stream(d);
-  streams.add({make_stream(d), 0, nullptr});  // no event fence possible
   RealStub real;
   void* p = async_alloc(router, 0, 4096, s1, real);
   router.free_async(p, s1, real);
