@@ -22,6 +22,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import datetime
+import hashlib
 import json
 import os
 import re
@@ -480,6 +481,21 @@ def hot_path(bench, settings):
 
 # ---- the report ----------------------------------------------------------------------------------
 
+def source_digest():
+    """A digest of the library's sources (pool/, shim/): a copy of the tree made without its
+    .git (as on a lent GPU machine) still names the code it measured. `python3
+    tests/bench/run_bench.py --digest` prints it for the tree at hand."""
+    digest = hashlib.sha256()
+    for folder in ("pool", "shim"):
+        for name in sorted(os.listdir(os.path.join(ROOT, folder))):
+            path = os.path.join(ROOT, folder, name)
+            if os.path.isfile(path):
+                digest.update(name.encode() + b"\0")
+                with open(path, "rb") as f:
+                    digest.update(f.read())
+    return digest.hexdigest()[:12]
+
+
 def command_output(args):
     try:
         done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=30)
@@ -495,6 +511,7 @@ def report(bench, workloads, facts):
     verdicts = bt.evaluate_targets(bt.ISSUE_TARGETS, rows, broken)
     dirty = " (uncommitted changes)" if facts["dirty"] else ""
     lines = [f"poolshim bench: {facts['gpu']}, commit {facts['commit']}{dirty}, "
+             f"library source {facts['library_source']}, "
              f"{facts['date_utc']}{', --quick' if facts['quick'] else ''}",
              "medians over rounds; spread = min-max of the rounds; ratios from medians", ""]
     for w in workloads:
@@ -530,6 +547,10 @@ def main():
     parser.add_argument("--quick", action="store_true", help="fewer rounds and iterations: a smoke run")
     parser.add_argument("--only", help="comma-separated workloads: " + ", ".join(WORKLOADS))
     parser.add_argument("--no-build", action="store_true", help="use the library already in BUILD")
+    parser.add_argument("--digest", action="store_true", help="print the library sources' digest and exit")
+    if "--digest" in sys.argv[1:]:
+        print(source_digest())
+        return 0
     args = parser.parse_args()
     only = WORKLOADS if not args.only else tuple(n.strip() for n in args.only.split(",") if n.strip())
     unknown = [n for n in only if n not in WORKLOADS]
@@ -543,6 +564,7 @@ def main():
     facts = {"suite": "poolshim bench (issue 6)", "gpu": gpu or "unknown GPU",
              "commit": command_output(["git", "rev-parse", "HEAD"]) or "unknown",
              "dirty": bool(command_output(["git", "status", "--porcelain", "--untracked-files=no"])),
+             "library_source": source_digest(),
              "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              "host": socket.gethostname(), "quick": args.quick, "only": list(only)}
     bench.progress(f"GPU: {facts['gpu']}; workloads: {', '.join(only)}{' (quick)' if args.quick else ''}")
