@@ -194,8 +194,7 @@ void BackgroundWorker::trim_if_idle(const DeviceSnapshot& snap, std::uint64_t no
   const std::uint64_t threshold =
       config.release_threshold.resolve(snap.device_info_valid ? snap.device_total : 0);
   // Cached blocks are used to the pool but free to the application: they go back first.
-  const std::uint64_t cached = snap.cached_bytes;
-  const std::uint64_t in_use = snap.pool.used > cached ? snap.pool.used - cached : 0;
+  const std::uint64_t in_use = handed_out(snap.pool, snap.cached_bytes);
   const std::uint64_t unused = snap.pool.reserved > in_use ? snap.pool.reserved - in_use : 0;
   if (unused <= threshold) return;
   const std::uint64_t excess = unused - threshold;

@@ -34,6 +34,12 @@ struct PoolUsage {
   bool valid = false;
 };
 
+/// What the application holds of the pool's used memory: blocks in the user-space cache
+/// (`cached` bytes) are used to the driver but free to the application.
+inline std::uint64_t handed_out(const PoolUsage& u, std::uint64_t cached) {
+  return u.used > cached ? u.used - cached : 0;
+}
+
 class DevicePool {
  public:
   /// Creates the pool of device `ordinal` in its primary context. nullptr and `error` set

@@ -70,14 +70,6 @@ void add_device_fields(JsonObject& o, const DeviceSnapshot& s) {
 
 }  // namespace
 
-namespace {
-// What the application holds of the pool's used memory: cached blocks are used to the driver
-// but free to the application.
-std::uint64_t handed_out(const PoolUsage& u, std::uint64_t cached) {
-  return u.used > cached ? u.used - cached : 0;
-}
-}  // namespace
-
 double pool_slack(const PoolUsage& u, std::uint64_t cached) {
   const std::uint64_t used = handed_out(u, cached);
   if (u.reserved == 0 || used >= u.reserved) return 0.0;

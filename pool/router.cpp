@@ -220,30 +220,27 @@ bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Allo
     real(bytes);
     return false;
   }
+  CUdeviceptr ptr = 0;
+  std::uint64_t capacity = bytes;
   CachedBlock cached;
   if (take_cached(*pool, bytes, nullptr, &cached)) {
     // Ready for every stream: its fence completed, so nothing to wait for.
-    table_.insert(cached.ptr, Allocation{bytes, cached.capacity, coarse_now_ns(), 0, device, 0,
-                                         capture_site()});
-    stats(device).on_alloc(bytes);
-    *out = cached.ptr;
-    return true;
+    ptr = cached.ptr;
+    capacity = cached.capacity;
+  } else {
+    CUresult r = allocate_from_pool(*pool, bytes, pool->stream(), &ptr);
+    if (r == CUDA_SUCCESS) {
+      // cudaMalloc's memory is usable from every stream once it returns: wait until the
+      // allocation is done in our stream's order (it may wait on a reused block's free).
+      r = driver_.cuStreamSynchronize(pool->stream());
+      if (r != CUDA_SUCCESS) driver_.cuMemFreeAsync(ptr, pool->stream());
+    }
+    if (r != CUDA_SUCCESS) {
+      decline_allocation(*pool, bytes, nullptr, false, r, real);
+      return false;
+    }
   }
-  const std::uint64_t reserved_before = reserved_before_miss(*pool);
-  CUdeviceptr ptr = 0;
-  CUresult r = allocate_with_retry(*pool, bytes, pool->stream(), &ptr);
-  after_miss(*pool, reserved_before, pool->stream());
-  if (r == CUDA_SUCCESS) {
-    // cudaMalloc's memory is usable from every stream once it returns: wait until the
-    // allocation is done in our stream's order (it may wait on a reused block's free).
-    r = driver_.cuStreamSynchronize(pool->stream());
-    if (r != CUDA_SUCCESS) driver_.cuMemFreeAsync(ptr, pool->stream());
-  }
-  if (r != CUDA_SUCCESS) {
-    decline_allocation(*pool, bytes, nullptr, false, r, real);
-    return false;
-  }
-  table_.insert(ptr, Allocation{bytes, bytes, coarse_now_ns(), 0, device, 0, capture_site()});
+  table_.insert(ptr, Allocation{bytes, capacity, coarse_now_ns(), 0, device, 0, capture_site()});
   stats(device).on_alloc(bytes);
   *out = ptr;
   return true;
@@ -265,9 +262,7 @@ bool Router::allocate_async(int device, std::size_t bytes, CUstream stream, CUde
     ptr = cached.ptr;
     capacity = cached.capacity;
   } else {
-    const std::uint64_t reserved_before = reserved_before_miss(*pool);
-    const CUresult r = allocate_with_retry(*pool, bytes, stream, &ptr);
-    after_miss(*pool, reserved_before, stream);
+    const CUresult r = allocate_from_pool(*pool, bytes, stream, &ptr);
     if (r != CUDA_SUCCESS) {
       decline_allocation(*pool, bytes, stream, true, r, real);
       return false;
@@ -317,10 +312,14 @@ void Router::free_sync(void* ptr, int caller_device, Fallback real) {
   if (pool != nullptr && ordered_mode_ && ordered_free_possible(*pool)) {
     // Kept until the next fence has completed, or freed in order. A faulted context must
     // still answer with its sticky error, as the native cudaFree does (seen on an H200): an
-    // idle stream's query reports it without waiting for anything.
-    const CUresult state = driver_.cuStreamQuery(pool->stream());
-    const bool healthy = state == CUDA_SUCCESS || state == CUDA_ERROR_NOT_READY;
-    if ((healthy && cache_block(*pool, *a, key, nullptr, pool->fences().next())) ||
+    // idle stream's query reports it without waiting for anything (the ordered free's own
+    // driver calls report it when the block is not cached).
+    const auto healthy = [&] {
+      const CUresult state = driver_.cuStreamQuery(pool->stream());
+      return state == CUDA_SUCCESS || state == CUDA_ERROR_NOT_READY;
+    };
+    if ((pool->cache().limit() > 0 && healthy() &&
+         cache_block(*pool, *a, key, nullptr, pool->fences().next())) ||
         free_ordered(*pool, key) == CUDA_SUCCESS) {
       DeviceStats& s = stats(a->device);
       s.on_free(a->requested);
@@ -440,18 +439,19 @@ bool Router::cache_block(DevicePool& pool, const Allocation& a, CUdeviceptr ptr,
   return true;
 }
 
-std::uint64_t Router::reserved_before_miss(const DevicePool& pool) const {
-  return pool.cache().bytes() > 0 ? pool.reserved() : 0;
-}
-
-void Router::after_miss(DevicePool& pool, std::uint64_t reserved_before, CUstream stream) {
-  if (reserved_before == 0) return;
-  const std::uint64_t reserved = pool.reserved();
-  if (reserved <= reserved_before) return;
+CUresult Router::allocate_from_pool(DevicePool& pool, std::size_t bytes, CUstream stream,
+                                    CUdeviceptr* out) {
+  const std::uint64_t reserved_before = pool.cache().bytes() > 0 ? pool.reserved() : 0;
+  const CUresult r = allocate_with_retry(pool, bytes, stream, out);
+  const std::uint64_t reserved = reserved_before > 0 ? pool.reserved() : 0;
   // The pool grew while the cache held blocks: give back as much ready memory as it grew by,
   // so that the pool serves the next misses from it instead of growing again. The cache thus
   // never holds memory the pool had to reserve on top of it: its peak stays near the pool's.
-  const std::uint64_t grown = reserved - reserved_before;
+  if (reserved > reserved_before) give_back_for_growth(pool, reserved - reserved_before, stream);
+  return r;
+}
+
+void Router::give_back_for_growth(DevicePool& pool, std::uint64_t grown, CUstream stream) {
   const std::uint64_t completed = pool.fences().completed();
   std::uint64_t returned = 0;
   CachedBlock b;
@@ -714,7 +714,7 @@ void Router::adjust_memory_info(int device, std::size_t* free, std::size_t* tota
   if (pool->cap() > 0) {
     // Under a cap the application sees a device of the cap's size.
     t = pool->cap();
-    const std::uint64_t in_use = u.used > cached ? u.used - cached : 0;
+    const std::uint64_t in_use = handed_out(u, cached);
     const std::uint64_t headroom = u.valid && in_use < t ? t - in_use : 0;
     f = std::min(f, headroom);
   }

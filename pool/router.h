@@ -194,10 +194,11 @@ class Router {
   /// Keeps a freed block; false when the cache will not (the caller frees it).
   bool cache_block(DevicePool& pool, const Allocation& a, CUdeviceptr ptr, CUstream stream,
                    std::uint64_t ready_at);
-  /// Around a pool allocation (a cache miss): when the pool had to reserve more while the
-  /// cache held blocks, ready blocks worth what it grew by go back to it.
-  std::uint64_t reserved_before_miss(const DevicePool& pool) const;
-  void after_miss(DevicePool& pool, std::uint64_t reserved_before, CUstream stream);
+  /// A cache miss: allocate_with_retry, and when the pool had to reserve more while the cache
+  /// held blocks, ready blocks worth what it grew by go back to it (freed on `stream`).
+  CUresult allocate_from_pool(DevicePool& pool, std::size_t bytes, CUstream stream,
+                              CUdeviceptr* out);
+  void give_back_for_growth(DevicePool& pool, std::uint64_t grown, CUstream stream);
   /// Gives a ready cached block back to the pool, freed on `stream` (nullptr: the pool's own).
   void return_block(DevicePool& pool, const CachedBlock& b, CUstream stream = nullptr);
   /// Gives every cached block whose fence has completed back to the pool; their frees are

@@ -143,18 +143,18 @@ struct DeviceStats {
     c.histogram[histogram_bucket(bytes)].fetch_add(1, std::memory_order_relaxed);
   }
   void on_free(std::uint64_t bytes) {
-    requested_bytes.sub(bytes);
-    live_allocs.sub(1);
-    CounterShard& c = mine();
-    c.frees.fetch_add(1, std::memory_order_relaxed);
-    c.histogram[histogram_bucket(bytes)].fetch_sub(1, std::memory_order_relaxed);
+    on_gone(bytes, &CounterShard::frees);
   }
   /// A live allocation that disappeared without a free (cudaDeviceReset).
   void on_dropped(std::uint64_t bytes) {
+    on_gone(bytes, &CounterShard::reset_dropped);
+  }
+  /// A live allocation of `bytes` is no longer live; `why` counts how.
+  void on_gone(std::uint64_t bytes, Counter why) {
     requested_bytes.sub(bytes);
     live_allocs.sub(1);
     CounterShard& c = mine();
-    c.reset_dropped.fetch_add(1, std::memory_order_relaxed);
+    (c.*why).fetch_add(1, std::memory_order_relaxed);
     c.histogram[histogram_bucket(bytes)].fetch_sub(1, std::memory_order_relaxed);
   }
   void bump(Counter counter, std::uint64_t n = 1) {
