@@ -1,8 +1,11 @@
 #include "call_sites.h"
 
 #include <execinfo.h>
+#include <pthread.h>
 #include <sys/mman.h>
+#include <unwind.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -78,29 +81,251 @@ std::vector<std::uintptr_t> CallSiteTable::frames(std::uint32_t id) const {
   return std::vector<std::uintptr_t>(s.frames, s.frames + s.depth);
 }
 
-int capture_frames(std::uintptr_t* out, int max_frames, std::uintptr_t skip_begin,
-                   std::uintptr_t skip_end) {
-  void* raw[kMaxCallSiteFrames + 16];
-  const int wanted =
-      max_frames + 16 < kMaxCallSiteFrames + 16 ? max_frames + 16 : kMaxCallSiteFrames + 16;
-  const int got = backtrace(raw, wanted);
-  int first = 0;
-  // Frame 0 is capture_frames itself; then the shim's frames up to the application's call.
-  while (first < got) {
-    const auto a = reinterpret_cast<std::uintptr_t>(raw[first]);
-    const bool own = (a >= skip_begin && a < skip_end) || first == 0;
-    if (!own) break;
-    ++first;
+namespace {
+
+constexpr int kMaxWalk = kMaxCallSiteFrames + 16;  // frames walked at most, frame 0 included
+constexpr int kWays = 4;
+constexpr int kSets = kSiteCacheEntries / kWays;
+static_assert(kSets > 0 && (kSets & (kSets - 1)) == 0, "a power of two of sets");
+
+// One walk of _Unwind_Backtrace. The callback sees frame k with IP_k (_Unwind_GetIP: the
+// return address into the k-th function, k = 0 being the function that called
+// _Unwind_Backtrace) and CFA_k (_Unwind_GetCFA: the CFA of the frame that returns to IP_k,
+// so IP_k lies at CFA_k - 8 on x86-64), as glibc's backtrace() sees them.
+struct Walk {
+  std::uintptr_t* out;
+  int max_frames;  // application frames wanted
+  int limit;       // frames walked at most, frame 0 included (backtrace's `size` before)
+  std::uintptr_t skip_begin;
+  std::uintptr_t skip_end;
+  int seen = 0;    // frames walked
+  int stored = 0;  // frames written to `out`
+  bool skipping = true;
+  bool stopped = false;       // the callback ended the walk
+  bool signal_frame = false;  // a frame's IP was not a return address
+  std::uintptr_t prev_ip = 0;
+  std::uintptr_t prev_cfa = 0;
+  // When recording (capture_site): slot[k] and value[k] for the frames k >= 1 walked.
+  std::uintptr_t* slot = nullptr;
+  std::uintptr_t* value = nullptr;
+
+  Walk(std::uintptr_t* frames, int max, std::uintptr_t begin, std::uintptr_t end)
+      : out(frames), max_frames(max), limit(max + 16), skip_begin(begin), skip_end(end) {}
+};
+
+_Unwind_Reason_Code on_frame(_Unwind_Context* context, void* arg) {
+  Walk& w = *static_cast<Walk*>(arg);
+  int before_insn = 0;
+  const auto ip = static_cast<std::uintptr_t>(_Unwind_GetIPInfo(context, &before_insn));
+  const auto cfa = static_cast<std::uintptr_t>(_Unwind_GetCFA(context));
+  const int k = w.seen++;
+  if (before_insn != 0) w.signal_frame = true;
+  if (k > 0 && w.slot != nullptr) {
+    w.slot[k] = cfa - sizeof(std::uintptr_t);
+    w.value[k] = ip;
   }
-  int n = 0;
-  for (int i = first; i < got && n < max_frames; ++i)
-    out[n++] = reinterpret_cast<std::uintptr_t>(raw[i]);
-  return n;
+  // backtrace()'s ends: a null return address (the outermost frame, dropped), or no progress.
+  if (ip == 0 || (k > 0 && ip == w.prev_ip && cfa == w.prev_cfa)) {
+    w.stopped = true;
+    return _URC_END_OF_STACK;
+  }
+  w.prev_ip = ip;
+  w.prev_cfa = cfa;
+  // Frame 0 is the capturing function; then the shim's frames up to the application's call.
+  if (k > 0 && !(w.skipping && ip >= w.skip_begin && ip < w.skip_end)) {
+    w.skipping = false;
+    w.out[w.stored++] = ip;
+  }
+  if (w.stored == w.max_frames || w.seen == w.limit) {
+    w.stopped = true;
+    return _URC_END_OF_STACK;
+  }
+  return _URC_NO_REASON;
+}
+
+// ---- the per-thread cache of verified call chains (see capture_site in the header) ----------
+
+struct Entry {
+  std::uintptr_t key;  // capture_site's frame address; 0 = empty
+  const CallSiteTable* table;
+  std::uintptr_t skip_begin;
+  std::uintptr_t skip_end;
+  std::int32_t max_frames;
+  std::uint32_t id;
+  std::uint32_t count;                // slots to check
+  std::uint32_t offset[kMaxWalk];     // slot address - key
+  std::uintptr_t expected[kMaxWalk];  // what the slot held
+};
+
+struct ThreadCache {
+  std::uintptr_t stack_lo;  // the thread's stack, [lo, hi)
+  std::uintptr_t stack_hi;
+  std::uint32_t busy;  // a capture is using the entries (a signal handler's capture unwinds)
+  std::uint32_t next_way[kSets];
+  Entry entries[kSets][kWays];
+};
+
+// Initial-exec: no __tls_get_addr (and no allocation in it) on the hot path.
+__thread ThreadCache* t_cache __attribute__((tls_model("initial-exec"))) = nullptr;
+__thread bool t_no_cache __attribute__((tls_model("initial-exec"))) = false;
+__thread std::uint64_t t_hits __attribute__((tls_model("initial-exec"))) = 0;
+__thread std::uint64_t t_unwinds __attribute__((tls_model("initial-exec"))) = 0;
+
+struct ThreadCacheRelease {
+  ThreadCache* cache = nullptr;
+  ~ThreadCacheRelease() {
+    t_cache = nullptr;
+    t_no_cache = true;  // captures later in this thread's exit unwind
+    if (cache != nullptr) munmap(cache, sizeof(ThreadCache));
+  }
+};
+
+// Once per thread, on its first capture_site. pthread_getattr_np may allocate (and reads
+// /proc/self/maps on the main thread), and so may registering the thread-exit destructor:
+// acceptable once per thread, never on a later capture.
+__attribute__((noinline, cold)) ThreadCache* open_thread_cache() {
+  t_no_cache = true;  // until it is ready (a capture from a signal handler meanwhile unwinds)
+  pthread_attr_t attr;
+  if (pthread_getattr_np(pthread_self(), &attr) != 0) return nullptr;
+  void* stack = nullptr;
+  std::size_t size = 0;
+  const int rc = pthread_attr_getstack(&attr, &stack, &size);
+  pthread_attr_destroy(&attr);
+  if (rc != 0 || stack == nullptr || size == 0) return nullptr;
+  void* p = mmap(nullptr, sizeof(ThreadCache), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                 -1, 0);
+  if (p == MAP_FAILED) return nullptr;         // every capture of this thread unwinds
+  auto* cache = static_cast<ThreadCache*>(p);  // zero pages: every entry empty
+  cache->stack_lo = reinterpret_cast<std::uintptr_t>(stack);
+  cache->stack_hi = cache->stack_lo + size;
+  static thread_local ThreadCacheRelease release;
+  release.cache = cache;
+  t_cache = cache;
+  t_no_cache = false;
+  return cache;
+}
+
+inline std::uint32_t set_of(std::uintptr_t key) {
+  return static_cast<std::uint32_t>((static_cast<std::uint64_t>(key) * 0x9e3779b97f4a7c15ULL) >>
+                                    60) &
+         (kSets - 1);
+}
+
+inline bool still_holds(const Entry& e, std::uintptr_t key) {
+  for (std::uint32_t i = 0; i < e.count; ++i) {
+    if (*reinterpret_cast<const std::uintptr_t*>(key + e.offset[i]) != e.expected[i]) return false;
+  }
+  return true;
+}
+
+// Keeps the chain just walked, when every slot lies in the thread's stack above `key` and holds
+// what the unwinder reported.
+void remember(ThreadCache& cache, std::uintptr_t key, const CallSiteTable* table, int max_frames,
+              std::uintptr_t skip_begin, std::uintptr_t skip_end, const Walk& w, std::uint32_t id) {
+  const std::uint32_t set = set_of(key);
+  // Round robin: up to kWays chains filled one after another in a set all stay.
+  Entry* victim = &cache.entries[set][cache.next_way[set]++ % kWays];
+  victim->key = 0;
+  std::uint32_t count = 0;
+  for (int k = 1; k < w.seen; ++k) {
+    const std::uintptr_t slot = w.slot[k];
+    if (slot <= key || slot - key > 0xffffffffu || slot > cache.stack_hi - sizeof(std::uintptr_t))
+      return;
+    if (*reinterpret_cast<const std::uintptr_t*>(slot) != w.value[k]) {
+      // The outermost frame (_start, clone3) leaves its return address undefined in its CFI:
+      // the unwinder reports 0 without reading the slot, as the previous frame's IP (checked)
+      // decides. Anything else the slot does not hold: the chain is not kept.
+      if (w.value[k] == 0 && k == w.seen - 1) continue;
+      return;
+    }
+    victim->offset[count] = static_cast<std::uint32_t>(slot - key);
+    victim->expected[count] = w.value[k];
+    ++count;
+  }
+  if (count == 0) return;
+  victim->table = table;
+  victim->skip_begin = skip_begin;
+  victim->skip_end = skip_end;
+  victim->max_frames = max_frames;
+  victim->id = id;
+  victim->count = count;
+  victim->key = key;
+}
+
+}  // namespace
+
+__attribute__((noinline, noclone)) int capture_frames(std::uintptr_t* out, int max_frames,
+                                                      std::uintptr_t skip_begin,
+                                                      std::uintptr_t skip_end) {
+  if (max_frames <= 0) return 0;
+  if (max_frames > kMaxCallSiteFrames) max_frames = kMaxCallSiteFrames;
+  Walk w(out, max_frames, skip_begin, skip_end);
+  _Unwind_Backtrace(&on_frame, &w);
+  return w.stored;
+}
+
+__attribute__((noinline, noclone)) std::uint32_t capture_site(CallSiteTable& table, int max_frames,
+                                                              std::uintptr_t skip_begin,
+                                                              std::uintptr_t skip_end) {
+  if (max_frames <= 0) return 0;
+  if (max_frames > kMaxCallSiteFrames) max_frames = kMaxCallSiteFrames;
+  // The key: this frame's address, the same at every call from the same stack depth.
+  const auto key = reinterpret_cast<std::uintptr_t>(__builtin_frame_address(0));
+  ThreadCache* cache = t_cache;
+  if (cache == nullptr && !t_no_cache) cache = open_thread_cache();
+  if (cache != nullptr && (cache->busy != 0 || key < cache->stack_lo || key >= cache->stack_hi)) {
+    cache = nullptr;  // nested in a capture (a signal handler), or on a foreign stack
+  }
+  if (cache != nullptr) {
+    // Busy from here to the end: a capture in a signal handler meanwhile neither reads an entry
+    // this one is writing nor rewrites one this one is reading.
+    cache->busy = 1;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    for (const Entry& e : cache->entries[set_of(key)]) {
+      if (e.key == key && e.table == &table && e.max_frames == max_frames &&
+          e.skip_begin == skip_begin && e.skip_end == skip_end && still_holds(e, key)) {
+        const std::uint32_t id = e.id;
+        std::atomic_signal_fence(std::memory_order_seq_cst);
+        cache->busy = 0;
+        ++t_hits;
+        return id;
+      }
+    }
+  }
+  std::uintptr_t frames[kMaxCallSiteFrames];
+  std::uintptr_t slot[kMaxWalk];
+  std::uintptr_t value[kMaxWalk];
+  Walk w(frames, max_frames, skip_begin, skip_end);
+  if (cache != nullptr) {
+    w.slot = slot;
+    w.value = value;
+  }
+  const _Unwind_Reason_Code rc = _Unwind_Backtrace(&on_frame, &w);
+  ++t_unwinds;
+  const std::uint32_t id = table.intern(frames, w.stored);
+  if (cache != nullptr) {
+    // Not kept: id 0 (the table is full: every such capture counts as overflowed), a walk
+    // through a signal frame, one the unwinder ended on an error.
+    if (id != 0 && !w.signal_frame && (w.stopped || rc == _URC_END_OF_STACK))
+      remember(*cache, key, &table, max_frames, skip_begin, skip_end, w, id);
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    cache->busy = 0;
+  }
+  return id;
+}
+
+SiteCacheCounts site_cache_counts() {
+  SiteCacheCounts counts;
+  counts.hits = t_hits;
+  counts.unwinds = t_unwinds;
+  return counts;
 }
 
 void warm_up_unwinder() {
-  void* frames[4];
-  backtrace(frames, 4);
+  void* raw[4];
+  backtrace(raw, 4);  // glibc's: dlopens libgcc_s on its first call
+  std::uintptr_t frames[4];
+  capture_frames(frames, 4, 0, 0);  // _Unwind_Backtrace's first FDE look-ups
 }
 
 }  // namespace poolshim

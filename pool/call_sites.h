@@ -42,13 +42,67 @@ class CallSiteTable {
 };
 
 /// Captures the calling thread's return addresses (innermost first) into `out` (at most
-/// `max_frames`), leaving out the leading frames that lie in [skip_begin, skip_end) (the
-/// shim's own code). Returns how many were stored.
+/// `max_frames`, clamped to kMaxCallSiteFrames), leaving out frame 0 (capture_frames itself)
+/// and the leading frames that lie in [skip_begin, skip_end) (the shim's own code). Returns
+/// how many were stored. The addresses are those glibc's backtrace() gives (_Unwind_GetIP:
+/// return addresses); the walk (_Unwind_Backtrace) stops as soon as `max_frames` are stored,
+/// and after max_frames + 16 frames in all (backtrace(max_frames + 16) before).
 int capture_frames(std::uintptr_t* out, int max_frames, std::uintptr_t skip_begin,
                    std::uintptr_t skip_end);
 
-/// Loads the unwinder once (backtrace() dlopens libgcc_s and allocates on its first call):
-/// call before the hot path captures anything.
+/// The id in `table` of the calling thread's call site: what
+///   n = capture_frames(frames, max_frames, skip_begin, skip_end); table.intern(frames, n)
+/// gives (frame 0 being capture_site's caller instead of capture_frames' caller), 0 when
+/// `max_frames` <= 0. A repeated call site usually costs a few loads instead of an unwind:
+///
+/// Each thread keeps a small cache of call chains it has unwound, keyed by capture_site's own
+/// frame address (`key`) and by (table, max_frames, skip range). For every frame k that an
+/// unwind walked (k >= 1; frame 0 is capture_site) the entry holds the stack slot of its
+/// return address, CFA_k - 8 on x86-64, and the value found there, IP_k (the address
+/// reported for that frame; the fill checks that the slot does hold it). A later capture on
+/// the same thread with the same key returns the cached id when every slot still holds its
+/// value, without unwinding; otherwise it unwinds, interns and replaces an entry.
+///
+/// What a hit proves: capture_site's frame is at the same address, so its return address slot
+/// is the same one, and it holds IP_1: the same caller, at the same call instruction. For a
+/// frame whose size is fixed at a given instruction (CFA = SP + constant, or a frame pointer
+/// set from SP), the same IP and the same callee CFA give the same CFA, so the next slot
+/// checked is that frame's real return address slot; by induction every reported IP_k is
+/// the one an unwind would report now, and the walk ends where it ended (it stops on
+/// max_frames, on the frame limit, or on a frame decided by its IP alone). A walk that goes
+/// through a signal frame, that fails, or whose slots do not hold what the unwinder reported
+/// is not cached.
+///
+/// The one residual risk: a frame whose size varies at the same IP (alloca or a VLA, CFA
+/// taken from a frame pointer) may have moved its return address, while the old slot still
+/// holds stale stack data equal to the old return address: the hit then reports the old
+/// chain from that frame outwards (the frames inside it are still right). (Code unloaded and
+/// other code loaded at the same addresses is the same case.)
+///
+/// The cache is per thread (stack addresses mean something only on their own stack) and is
+/// used only while the key and every slot lie inside the thread's stack as pthread reports
+/// it: on a foreign stack (fibers, makecontext, sigaltstack) every capture unwinds. Its
+/// memory is one mmap'd block per thread (kSiteCacheEntries entries, set-associative), made
+/// on the thread's first capture and unmapped at thread exit; without it (mmap failed, stack
+/// unknown) every capture unwinds. The hit path takes no lock and allocates nothing; the
+/// first capture of a thread may allocate (pthread_getattr_np, the thread-exit hook).
+std::uint32_t capture_site(CallSiteTable& table, int max_frames, std::uintptr_t skip_begin,
+                           std::uintptr_t skip_end);
+
+/// Entries of each thread's call-chain cache (see capture_site): 8 sets of 4 ways, ~20 KiB.
+constexpr int kSiteCacheEntries = 32;
+
+/// The calling thread's capture_site counts (for tests and benchmarks): captures answered
+/// from the cache, and captures that unwound.
+struct SiteCacheCounts {
+  std::uint64_t hits = 0;
+  std::uint64_t unwinds = 0;
+};
+SiteCacheCounts site_cache_counts();
+
+/// Loads the unwinder once (its first use may dlopen libgcc_s, allocate and take the loader
+/// lock; both backtrace() and _Unwind_Backtrace are warmed): call before the hot path
+/// captures anything.
 void warm_up_unwinder();
 
 }  // namespace poolshim

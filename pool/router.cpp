@@ -688,9 +688,7 @@ void Router::note_ipc_failure(const void* ptr) {
 
 std::uint32_t Router::capture_site() {
   if (config_.backtrace <= 0) return 0;
-  std::uintptr_t frames[kMaxCallSiteFrames];
-  const int n = capture_frames(frames, config_.backtrace, own_code_begin_, own_code_end_);
-  return sites_.intern(frames, n);
+  return poolshim::capture_site(sites_, config_.backtrace, own_code_begin_, own_code_end_);
 }
 
 std::uint64_t Router::cap(int device) const {
