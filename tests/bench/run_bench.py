@@ -69,9 +69,9 @@ class Settings:
     observe_iterations: int  # long enough for several 100 ms samples under the shim
 
 
-FULL = Settings(rounds=5, thread_rounds=3, torch_rounds=2, churn_iterations=10000, churn_warmup=500,
+FULL = Settings(rounds=5, thread_rounds=3, torch_rounds=3, churn_iterations=10000, churn_warmup=500,
                 async_iterations=50000, async_warmup=5000, thread_pairs=20000, torch_steps=40, torch_warmup=5,
-                observe_iterations=500000)
+                observe_iterations=300000)
 QUICK = Settings(rounds=2, thread_rounds=1, torch_rounds=1, churn_iterations=1000, churn_warmup=100,
                  async_iterations=5000, async_warmup=500, thread_pairs=2000, torch_steps=8, torch_warmup=2,
                  observe_iterations=5000)
@@ -485,6 +485,18 @@ def hot_path(bench, settings):
     return lines if result.rc == 0 and lines else [f"hot_path_bench failed: {result.describe()[:400]}"]
 
 
+def backtrace_cost(bench):
+    """One call-site capture (POOLSHIM_BACKTRACE) on this machine's CPU: glibc backtrace() as the shim
+    called it before, the unwind it makes now, and a repeated site answered by the per-thread cache."""
+    program = os.path.join(bench.build, "tests", "backtrace_bench")
+    if not os.path.exists(program):
+        return None
+    bench.progress("backtrace: one call-site capture, 8 frames, at two stack depths")
+    result = run_process([program, "200000"], clean_environment(), 120)
+    lines = result_lines(result.out, "depth=")
+    return lines if result.rc == 0 and lines else [f"backtrace_bench failed: {result.describe()[:400]}"]
+
+
 # ---- the report ----------------------------------------------------------------------------------
 
 def source_digest():
@@ -530,6 +542,12 @@ def report(bench, workloads, facts):
         lines.append("== hot path: the Router alone (tests/perf/hot_path.cpp): cudaMallocAsync/cudaFreeAsync cache hits "
                      "over the CPU driver double, no driver call, each thread its own stream, 16 live, 256 B-4 MiB")
         lines += ["   " + line for line in facts["hot_path"]]
+        lines.append("")
+    if facts.get("backtrace"):
+        lines.append("== call-site capture (tests/perf/backtrace_bench.cpp): ns per capture of 8 frames on this host's CPU; "
+                     "old = glibc backtrace(n+16) as before, capture_frames = the unwind a new site costs, "
+                     "capture_site_hit = a repeated site")
+        lines += ["   " + line for line in facts["backtrace"]]
         lines.append("")
     lines.append(bt.render_targets(verdicts))
     text = "\n".join(lines) + "\n"
@@ -582,6 +600,7 @@ def main():
     for w in workloads:
         bench.run_workload(w)
     facts["hot_path"] = hot_path(bench, settings)
+    facts["backtrace"] = backtrace_cost(bench)
     text = report(bench, workloads, facts)
     print("\n" + text, end="", flush=True)
     broken = [w.name for w in workloads if w.status != "ok"]
