@@ -105,9 +105,11 @@ struct Walk {
   bool signal_frame = false;  // a frame's IP was not a return address
   std::uintptr_t prev_ip = 0;
   std::uintptr_t prev_cfa = 0;
-  // When recording (capture_site): slot[k] and value[k] for the frames k >= 1 walked.
+  // When recording (capture_site): slot[k] and value[k] for the frames k >= 1 walked, and
+  // rbp[k], the frame pointer register in function k (at its call).
   std::uintptr_t* slot = nullptr;
   std::uintptr_t* value = nullptr;
+  std::uintptr_t* rbp = nullptr;
 
   Walk(std::uintptr_t* frames, int max, std::uintptr_t begin, std::uintptr_t end)
       : out(frames), max_frames(max), limit(max + 16), skip_begin(begin), skip_end(end) {}
@@ -120,9 +122,10 @@ _Unwind_Reason_Code on_frame(_Unwind_Context* context, void* arg) {
   const auto cfa = static_cast<std::uintptr_t>(_Unwind_GetCFA(context));
   const int k = w.seen++;
   if (before_insn != 0) w.signal_frame = true;
-  if (k > 0 && w.slot != nullptr) {
+  if (w.slot != nullptr) {
     w.slot[k] = cfa - sizeof(std::uintptr_t);
     w.value[k] = ip;
+    w.rbp[k] = static_cast<std::uintptr_t>(_Unwind_GetGR(context, 6));  // DWARF 6: rbp
   }
   // backtrace()'s ends: a null return address (the outermost frame, dropped), or no progress.
   if (ip == 0 || (k > 0 && ip == w.prev_ip && cfa == w.prev_cfa)) {
@@ -152,9 +155,10 @@ struct Entry {
   std::uintptr_t skip_end;
   std::int32_t max_frames;
   std::uint32_t id;
-  std::uint32_t count;                // slots to check
-  std::uint32_t offset[kMaxWalk];     // slot address - key
-  std::uintptr_t expected[kMaxWalk];  // what the slot held
+  std::uint32_t count;  // slots to check
+  // Return-address slots, then frame-pointer copies (see remember): at most two per frame.
+  std::uint32_t offset[2 * kMaxWalk];     // slot address - key
+  std::uintptr_t expected[2 * kMaxWalk];  // what the slot held
 };
 
 struct ThreadCache {
@@ -243,6 +247,28 @@ void remember(ThreadCache& cache, std::uintptr_t key, const CallSiteTable* table
     ++count;
   }
   if (count == 0) return;
+  // A function whose frame is addressed by its frame pointer (CFA = rbp + 16: alloca, VLAs,
+  // stack realignment, or code built with frame pointers) can sit at another address while
+  // everything inside it stays put, so that its old return-address slot (checked above) may
+  // hold stale data. Its frame pointer's value is its position: it is also pinned by a copy
+  // that a function inside it saved (a prologue's push, at the latest capture_site's own). A
+  // hit must find that copy unchanged too; a chain where none is found is not kept.
+  for (int j = 1; j + 1 < w.seen; ++j) {
+    const std::uintptr_t fp = w.rbp[j];
+    if (fp != w.slot[j + 1] - sizeof(std::uintptr_t)) continue;  // not addressed by rbp
+    if (fp <= key || fp > cache.stack_hi) return;
+    std::uintptr_t at = 0;
+    for (std::uintptr_t a = fp - sizeof(std::uintptr_t); a >= key; a -= sizeof(std::uintptr_t)) {
+      if (*reinterpret_cast<const std::uintptr_t*>(a) == fp) {
+        at = a;
+        break;
+      }
+    }
+    if (at == 0) return;
+    victim->offset[count] = static_cast<std::uint32_t>(at - key);
+    victim->expected[count] = fp;
+    ++count;
+  }
   victim->table = table;
   victim->skip_begin = skip_begin;
   victim->skip_end = skip_end;
@@ -295,10 +321,12 @@ __attribute__((noinline, noclone)) std::uint32_t capture_site(CallSiteTable& tab
   std::uintptr_t frames[kMaxCallSiteFrames];
   std::uintptr_t slot[kMaxWalk];
   std::uintptr_t value[kMaxWalk];
+  std::uintptr_t rbp[kMaxWalk];
   Walk w(frames, max_frames, skip_begin, skip_end);
   if (cache != nullptr) {
     w.slot = slot;
     w.value = value;
+    w.rbp = rbp;
   }
   const _Unwind_Reason_Code rc = _Unwind_Backtrace(&on_frame, &w);
   ++t_unwinds;

@@ -65,19 +65,32 @@ int capture_frames(std::uintptr_t* out, int max_frames, std::uintptr_t skip_begi
 ///
 /// What a hit proves: capture_site's frame is at the same address, so its return address slot
 /// is the same one, and it holds IP_1: the same caller, at the same call instruction. For a
-/// frame whose size is fixed at a given instruction (CFA = SP + constant, or a frame pointer
-/// set from SP), the same IP and the same callee CFA give the same CFA, so the next slot
-/// checked is that frame's real return address slot; by induction every reported IP_k is
-/// the one an unwind would report now, and the walk ends where it ended (it stops on
-/// max_frames, on the frame limit, or on a frame decided by its IP alone). A walk that goes
+/// frame whose size is fixed at a given instruction (CFA = SP + constant), the same IP and the
+/// same callee CFA give the same CFA, so the next slot checked is that frame's real return
+/// address slot; by induction every reported IP_k is the one an unwind would report now, and
+/// the walk ends where it ended (it stops on max_frames, on the frame limit, or on a frame
+/// decided by its IP alone). A frame addressed by its frame pointer (CFA = rbp + 16: alloca,
+/// VLAs, stack realignment for over-aligned locals, code built with frame pointers) can sit
+/// at another address while everything inside it stays put, leaving its old return address
+/// in stack space nobody wrote since (a review reproduced that: with a realigning frame the
+/// first caller's id came back for the second). Such a frame's rbp value is its position, and
+/// a function inside it saved a copy (at the latest capture_site's own prologue): the entry
+/// checks that copy too, and a chain where no copy is found is not cached. A walk that goes
 /// through a signal frame, that fails, or whose slots do not hold what the unwinder reported
-/// is not cached.
+/// is not cached either.
 ///
-/// The one residual risk: a frame whose size varies at the same IP (alloca or a VLA, CFA
-/// taken from a frame pointer) may have moved its return address, while the old slot still
-/// holds stale stack data equal to the old return address: the hit then reports the old
-/// chain from that frame outwards (the frames inside it are still right). (Code unloaded and
-/// other code loaded at the same addresses is the same case.)
+/// The residual risk: a frame whose position is not fixed by its callee's and not kept in
+/// rbp (GCC's realignment through a DRAP register, whose CFA is an expression), with stale
+/// stack data equal to its old return address: the hit then reports the old chain from that
+/// frame outwards (the frames inside it are still right). (Code unloaded and other code
+/// loaded at the same addresses is the same case.)
+///
+/// Known limits of the bookkeeping (review of d60eaa8): with RLIMIT_STACK unlimited glibc
+/// reports the main thread's stack down to the heap, so a fiber stack taken from the heap
+/// counts as inside it (harmless for fixed-size frames: a hit reads only what an unwind would
+/// read); a thread whose first capture comes after its C++ thread_local destructors ran
+/// leaks its cache block (20 KiB); a signal handler that siglongjmps out of a capture leaves
+/// that thread unwinding every time.
 ///
 /// The cache is per thread (stack addresses mean something only on their own stack) and is
 /// used only while the key and every slot lie inside the thread's stack as pthread reports

@@ -116,6 +116,37 @@ SiteCacheCounts since(const SiteCacheCounts& before) {
   return d;
 }
 
+// A function that realigns its stack (an over-aligned local: `and rsp, -64`), called from
+// two callers whose frames differ by 16 bytes: everything inside it lies at the same
+// addresses from both, while its own return address does not.
+NOIPA void realigned_inner(Probe& p) {
+  p.mid_frame = reinterpret_cast<std::uintptr_t>(__builtin_frame_address(0));
+  probe(p);
+  asm volatile("" ::: "memory");
+}
+
+NOIPA void realigning(Probe& p, std::uintptr_t* own_frame) {
+  alignas(64) volatile char block[64];
+  block[0] = 1;
+  *own_frame = reinterpret_cast<std::uintptr_t>(__builtin_frame_address(0));
+  realigned_inner(p);
+  asm volatile("" ::"r"(&block[0]) : "memory");
+}
+
+#define REALIGN_CALLER(n, pad_bytes)                                   \
+  NOIPA void realign_caller_##n(Probe& p, std::uintptr_t* own_frame) { \
+    volatile char pad[pad_bytes];                                      \
+    pad[0] = 1;                                                        \
+    realigning(p, own_frame);                                          \
+    asm volatile("" ::"r"(&pad[0]) : "memory");                        \
+  }
+// Frames 16 bytes apart: of four, at least two put realigning's inside at one address.
+REALIGN_CALLER(0, 16)
+REALIGN_CALLER(1, 32)
+REALIGN_CALLER(2, 48)
+REALIGN_CALLER(3, 64)
+#undef REALIGN_CALLER
+
 }  // namespace
 
 TEST_CASE("call sites: capture_frames gives backtrace()'s return addresses") {
@@ -245,6 +276,49 @@ TEST_CASE("call sites: the same site through two callers at one depth keeps both
     CHECK(d.unwinds == 1);
     CHECK(d.hits == 99);
   }
+}
+
+TEST_CASE("call sites: a frame that realigns its stack cannot pass off its first caller") {
+  using Caller = void (*)(Probe&, std::uintptr_t*);
+  Caller callers[] = {realign_caller_0, realign_caller_1, realign_caller_2, realign_caller_3};
+  CallSiteTable table;
+  // The premise (a review reproduced a wrong answer with it): two callers for which the
+  // realigning frame sits at two addresses while everything inside it sits at one.
+  Caller one = nullptr;
+  Caller two = nullptr;
+  for (int i = 0; i < 4 && two == nullptr; ++i) {
+    for (int j = i + 1; j < 4 && two == nullptr; ++j) {
+      Probe a;
+      Probe b;
+      std::uintptr_t frame_a = 0;
+      std::uintptr_t frame_b = 0;
+      callers[i](a, &frame_a);
+      callers[j](b, &frame_b);
+      if (frame_a != frame_b && a.mid_frame == b.mid_frame) {
+        one = callers[i];
+        two = callers[j];
+      }
+    }
+  }
+  REQUIRE(two != nullptr);
+  Probe p1;
+  Probe p2;
+  p1.table = p2.table = &table;
+  p1.max = p2.max = 3;  // [realigned_inner, realigning, the caller]: they differ in the last
+  std::uintptr_t frame = 0;
+  const SiteCacheCounts before = site_cache_counts();
+  ONE_CALL_SITE
+  for (int i = 0; i < 50; ++i) {
+    // Both through one indirect call instruction: every frame outside the callers is shared.
+    for (Probe* p : {&p1, &p2}) (p == &p1 ? one : two)(*p, &frame);
+    REQUIRE(table.frames(p1.id) == p1.cold);
+    REQUIRE(table.frames(p2.id) == p2.cold);
+    REQUIRE(p1.id != p2.id);
+  }
+  // Both chains are kept (the frame pointer's saved copy tells them apart), each unwound once.
+  const SiteCacheCounts d = since(before);
+  CHECK(d.unwinds == 2);
+  CHECK(d.hits == 98);
 }
 
 TEST_CASE("call sites: one site at several depths, cached per depth") {
