@@ -250,21 +250,35 @@ void remember(ThreadCache& cache, std::uintptr_t key, const CallSiteTable* table
   // A function whose frame is addressed by its frame pointer (CFA = rbp + 16: alloca, VLAs,
   // stack realignment, or code built with frame pointers) can sit at another address while
   // everything inside it stays put, so that its old return-address slot (checked above) may
-  // hold stale data. Its frame pointer's value is its position: it is also pinned by a copy
-  // that a function inside it saved (a prologue's push, at the latest capture_site's own). A
-  // hit must find that copy unchanged too; a chain where none is found is not kept.
+  // hold stale data. Its frame pointer's value is its position, and the innermost function
+  // inside it that changed rbp saved that value in its prologue, a slot written at every call
+  // (a leftover copy elsewhere could be stale: a review showed one defeat the check). A hit
+  // must find that copy unchanged too; a chain where it is not found is not kept.
   for (int j = 1; j + 1 < w.seen; ++j) {
     const std::uintptr_t fp = w.rbp[j];
     if (fp != w.slot[j + 1] - sizeof(std::uintptr_t)) continue;  // not addressed by rbp
-    if (fp <= key || fp > cache.stack_hi) return;
+    int i = j - 1;
+    while (i > 0 && w.rbp[i] == fp) --i;  // functions that kept rbp as it was
+    if (w.rbp[i] == fp) return;
     std::uintptr_t at = 0;
-    for (std::uintptr_t a = fp - sizeof(std::uintptr_t); a >= key; a -= sizeof(std::uintptr_t)) {
-      if (*reinterpret_cast<const std::uintptr_t*>(a) == fp) {
-        at = a;
-        break;
+    if (w.rbp[i] == w.slot[i + 1] - sizeof(std::uintptr_t)) {
+      // Function i is addressed by rbp too (capture_site always is): `push rbp; mov rbp, rsp`
+      // left the saved value where its rbp points, just below its return address.
+      if (*reinterpret_cast<const std::uintptr_t*>(w.rbp[i]) == fp) at = w.rbp[i];
+    } else if (i > 0) {
+      // It uses rbp as an ordinary register: the prologue pushed it among the callee-saved
+      // registers at the top of its frame, just below its return address.
+      const std::uintptr_t top = w.slot[i + 1] - sizeof(std::uintptr_t);
+      const std::uintptr_t bottom = w.slot[i] + sizeof(std::uintptr_t);
+      for (int n = 0; n < 16 && top >= bottom + n * sizeof(std::uintptr_t); ++n) {
+        const std::uintptr_t a = top - n * sizeof(std::uintptr_t);
+        if (*reinterpret_cast<const std::uintptr_t*>(a) == fp) {
+          at = a;
+          break;
+        }
       }
     }
-    if (at == 0) return;
+    if (at < key || at >= cache.stack_hi) return;
     victim->offset[count] = static_cast<std::uint32_t>(at - key);
     victim->expected[count] = fp;
     ++count;

@@ -74,8 +74,10 @@ int capture_frames(std::uintptr_t* out, int max_frames, std::uintptr_t skip_begi
 /// at another address while everything inside it stays put, leaving its old return address
 /// in stack space nobody wrote since (a review reproduced that: with a realigning frame the
 /// first caller's id came back for the second). Such a frame's rbp value is its position, and
-/// a function inside it saved a copy (at the latest capture_site's own prologue): the entry
-/// checks that copy too, and a chain where no copy is found is not cached. A walk that goes
+/// the innermost function inside it that changed rbp saved it in its prologue (at the latest
+/// capture_site does), in a slot written at every call: the entry checks that copy too, and a
+/// chain where it is not found is not cached. (Any other copy could be a leftover: the same
+/// review defeated a first version that took the first copy it found.) A walk that goes
 /// through a signal frame, that fails, or whose slots do not hold what the unwinder reported
 /// is not cached either.
 ///

@@ -133,13 +133,26 @@ NOIPA void realigning(Probe& p, std::uintptr_t* own_frame) {
   asm volatile("" ::"r"(&block[0]) : "memory");
 }
 
-#define REALIGN_CALLER(n, pad_bytes)                                   \
-  NOIPA void realign_caller_##n(Probe& p, std::uintptr_t* own_frame) { \
-    volatile char pad[pad_bytes];                                      \
-    pad[0] = 1;                                                        \
-    realigning(p, own_frame);                                          \
-    asm volatile("" ::"r"(&pad[0]) : "memory");                        \
+#define REALIGN_CALLER(n, pad_bytes)                                                 \
+  NOIPA void realign_caller_##n(Probe& p, std::uintptr_t* own_frame, bool sibling) { \
+    volatile char pad[pad_bytes];                                                    \
+    pad[0] = 1;                                                                      \
+    if (sibling) leave_rbp_copy();                                                   \
+    realigning(p, own_frame);                                                        \
+    asm volatile("" ::"r"(&pad[0]) : "memory");                                      \
   }
+// A frame-pointer function whose callee pushes its rbp: called just before realigning() from
+// the same caller, it leaves a copy of the value realigning's rbp will have in the stack that
+// realigning's alignment gap then covers and never writes (a review used it to defeat a check
+// that took the first copy it found).
+extern "C" void poolshim_test_push_rbp();
+asm(".text\n.globl poolshim_test_push_rbp\n.type poolshim_test_push_rbp,@function\n"
+    "poolshim_test_push_rbp:\n push %rbp\n mov %rsp, %rbp\n pop %rbp\n ret\n");
+__attribute__((noinline, optimize("no-omit-frame-pointer"))) void leave_rbp_copy() {
+  poolshim_test_push_rbp();
+  asm volatile("" ::: "memory");
+}
+
 // Frames 16 bytes apart: of four, at least two put realigning's inside at one address.
 REALIGN_CALLER(0, 16)
 REALIGN_CALLER(1, 32)
@@ -279,7 +292,7 @@ TEST_CASE("call sites: the same site through two callers at one depth keeps both
 }
 
 TEST_CASE("call sites: a frame that realigns its stack cannot pass off its first caller") {
-  using Caller = void (*)(Probe&, std::uintptr_t*);
+  using Caller = void (*)(Probe&, std::uintptr_t*, bool);
   Caller callers[] = {realign_caller_0, realign_caller_1, realign_caller_2, realign_caller_3};
   CallSiteTable table;
   // The premise (a review reproduced a wrong answer with it): two callers for which the
@@ -292,8 +305,8 @@ TEST_CASE("call sites: a frame that realigns its stack cannot pass off its first
       Probe b;
       std::uintptr_t frame_a = 0;
       std::uintptr_t frame_b = 0;
-      callers[i](a, &frame_a);
-      callers[j](b, &frame_b);
+      callers[i](a, &frame_a, false);
+      callers[j](b, &frame_b, false);
       if (frame_a != frame_b && a.mid_frame == b.mid_frame) {
         one = callers[i];
         two = callers[j];
@@ -310,7 +323,7 @@ TEST_CASE("call sites: a frame that realigns its stack cannot pass off its first
   ONE_CALL_SITE
   for (int i = 0; i < 50; ++i) {
     // Both through one indirect call instruction: every frame outside the callers is shared.
-    for (Probe* p : {&p1, &p2}) (p == &p1 ? one : two)(*p, &frame);
+    for (Probe* p : {&p1, &p2}) (p == &p1 ? one : two)(*p, &frame, false);
     REQUIRE(table.frames(p1.id) == p1.cold);
     REQUIRE(table.frames(p2.id) == p2.cold);
     REQUIRE(p1.id != p2.id);
@@ -319,6 +332,41 @@ TEST_CASE("call sites: a frame that realigns its stack cannot pass off its first
   const SiteCacheCounts d = since(before);
   CHECK(d.unwinds == 2);
   CHECK(d.hits == 98);
+}
+
+TEST_CASE("call sites: a stale copy of a frame pointer does not pass for the saved one") {
+  using Caller = void (*)(Probe&, std::uintptr_t*, bool);
+  Caller callers[] = {realign_caller_0, realign_caller_1, realign_caller_2, realign_caller_3};
+  // Every pair of callers for which the realigning frame moves while its inside stays put; the
+  // first caller also calls leave_rbp_copy() just before, the second does not. (One table:
+  // entries name a table by its address, and a table made anew may take a dead one's.)
+  CallSiteTable table;
+  int pairs = 0;
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      if (i == j) continue;
+      Probe a;
+      Probe b;
+      std::uintptr_t frame_a = 0;
+      std::uintptr_t frame_b = 0;
+      callers[i](a, &frame_a, true);
+      callers[j](b, &frame_b, false);
+      if (frame_a == frame_b || a.mid_frame != b.mid_frame) continue;
+      ++pairs;
+      Probe p1;
+      Probe p2;
+      p1.table = p2.table = &table;
+      p1.max = p2.max = 3;
+      std::uintptr_t frame = 0;
+      ONE_CALL_SITE
+      for (int n = 0; n < 20; ++n) {
+        for (Probe* p : {&p1, &p2}) (p == &p1 ? callers[i] : callers[j])(*p, &frame, p == &p1);
+        REQUIRE(table.frames(p1.id) == p1.cold);
+        REQUIRE(table.frames(p2.id) == p2.cold);
+      }
+    }
+  }
+  REQUIRE(pairs > 0);
 }
 
 TEST_CASE("call sites: one site at several depths, cached per depth") {
