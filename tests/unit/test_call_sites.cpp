@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "call_sites.h"
@@ -291,57 +292,17 @@ TEST_CASE("call sites: the same site through two callers at one depth keeps both
   }
 }
 
-TEST_CASE("call sites: a frame that realigns its stack cannot pass off its first caller") {
-  using Caller = void (*)(Probe&, std::uintptr_t*, bool);
-  Caller callers[] = {realign_caller_0, realign_caller_1, realign_caller_2, realign_caller_3};
-  CallSiteTable table;
-  // The premise (a review reproduced a wrong answer with it): two callers for which the
-  // realigning frame sits at two addresses while everything inside it sits at one.
-  Caller one = nullptr;
-  Caller two = nullptr;
-  for (int i = 0; i < 4 && two == nullptr; ++i) {
-    for (int j = i + 1; j < 4 && two == nullptr; ++j) {
-      Probe a;
-      Probe b;
-      std::uintptr_t frame_a = 0;
-      std::uintptr_t frame_b = 0;
-      callers[i](a, &frame_a, false);
-      callers[j](b, &frame_b, false);
-      if (frame_a != frame_b && a.mid_frame == b.mid_frame) {
-        one = callers[i];
-        two = callers[j];
-      }
-    }
-  }
-  REQUIRE(two != nullptr);
-  Probe p1;
-  Probe p2;
-  p1.table = p2.table = &table;
-  p1.max = p2.max = 3;  // [realigned_inner, realigning, the caller]: they differ in the last
-  std::uintptr_t frame = 0;
-  const SiteCacheCounts before = site_cache_counts();
-  ONE_CALL_SITE
-  for (int i = 0; i < 50; ++i) {
-    // Both through one indirect call instruction: every frame outside the callers is shared.
-    for (Probe* p : {&p1, &p2}) (p == &p1 ? one : two)(*p, &frame, false);
-    REQUIRE(table.frames(p1.id) == p1.cold);
-    REQUIRE(table.frames(p2.id) == p2.cold);
-    REQUIRE(p1.id != p2.id);
-  }
-  // Both chains are kept (the frame pointer's saved copy tells them apart), each unwound once.
-  const SiteCacheCounts d = since(before);
-  CHECK(d.unwinds == 2);
-  CHECK(d.hits == 98);
-}
+namespace {
 
-TEST_CASE("call sites: a stale copy of a frame pointer does not pass for the saved one") {
-  using Caller = void (*)(Probe&, std::uintptr_t*, bool);
-  Caller callers[] = {realign_caller_0, realign_caller_1, realign_caller_2, realign_caller_3};
-  // Every pair of callers for which the realigning frame moves while its inside stays put; the
-  // first caller also calls leave_rbp_copy() just before, the second does not. (One table:
-  // entries name a table by its address, and a table made anew may take a dead one's.)
-  CallSiteTable table;
-  int pairs = 0;
+using RealignCaller = void (*)(Probe&, std::uintptr_t*, bool);
+const RealignCaller kRealignCallers[] = {realign_caller_0, realign_caller_1, realign_caller_2,
+                                         realign_caller_3};
+
+// The premise of the realignment tests (a review reproduced wrong answers with it): the pairs
+// of callers (first, second) for which the realigning frame sits at two addresses while
+// everything inside it sits at one; the first caller calls leave_rbp_copy() when asked.
+std::vector<std::pair<int, int>> moving_pairs(bool first_leaves_copy) {
+  std::vector<std::pair<int, int>> pairs;
   for (int i = 0; i < 4; ++i) {
     for (int j = 0; j < 4; ++j) {
       if (i == j) continue;
@@ -349,24 +310,61 @@ TEST_CASE("call sites: a stale copy of a frame pointer does not pass for the sav
       Probe b;
       std::uintptr_t frame_a = 0;
       std::uintptr_t frame_b = 0;
-      callers[i](a, &frame_a, true);
-      callers[j](b, &frame_b, false);
-      if (frame_a == frame_b || a.mid_frame != b.mid_frame) continue;
-      ++pairs;
-      Probe p1;
-      Probe p2;
-      p1.table = p2.table = &table;
-      p1.max = p2.max = 3;
-      std::uintptr_t frame = 0;
-      ONE_CALL_SITE
-      for (int n = 0; n < 20; ++n) {
-        for (Probe* p : {&p1, &p2}) (p == &p1 ? callers[i] : callers[j])(*p, &frame, p == &p1);
-        REQUIRE(table.frames(p1.id) == p1.cold);
-        REQUIRE(table.frames(p2.id) == p2.cold);
-      }
+      kRealignCallers[i](a, &frame_a, first_leaves_copy);
+      kRealignCallers[j](b, &frame_b, false);
+      if (frame_a != frame_b && a.mid_frame == b.mid_frame) pairs.emplace_back(i, j);
     }
   }
-  REQUIRE(pairs > 0);
+  return pairs;
+}
+
+// Alternates the pair's callers `rounds` times through one indirect call instruction (every
+// frame outside the callers is shared), checking each answer against a cold capture.
+void alternate(CallSiteTable& table, std::pair<int, int> pair, bool first_leaves_copy, int rounds,
+               Probe& p1, Probe& p2) {
+  p1.table = p2.table = &table;
+  p1.max = p2.max = 3;  // [realigned_inner, realigning, the caller]: they differ in the last
+  std::uintptr_t frame = 0;
+  ONE_CALL_SITE
+  for (int n = 0; n < rounds; ++n) {
+    for (Probe* p : {&p1, &p2}) {
+      kRealignCallers[p == &p1 ? pair.first : pair.second](*p, &frame,
+                                                           p == &p1 && first_leaves_copy);
+    }
+    REQUIRE(table.frames(p1.id) == p1.cold);
+    REQUIRE(table.frames(p2.id) == p2.cold);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("call sites: a frame that realigns its stack cannot pass off its first caller") {
+  const auto pairs = moving_pairs(false);
+  REQUIRE(!pairs.empty());
+  CallSiteTable table;
+  Probe p1;
+  Probe p2;
+  const SiteCacheCounts before = site_cache_counts();
+  alternate(table, pairs.front(), false, 50, p1, p2);
+  CHECK(p1.id != p2.id);
+  // Both chains are kept (the frame pointer's saved copy tells them apart), each unwound once.
+  const SiteCacheCounts d = since(before);
+  CHECK(d.unwinds == 2);
+  CHECK(d.hits == 98);
+}
+
+TEST_CASE("call sites: a stale copy of a frame pointer does not pass for the saved one") {
+  // The first caller leaves a copy of realigning's future rbp where its alignment gap will be.
+  // (One table for all pairs: entries name a table by its address, and a table made anew may
+  // take a dead one's.)
+  const auto pairs = moving_pairs(true);
+  REQUIRE(!pairs.empty());
+  CallSiteTable table;
+  for (const auto& pair : pairs) {
+    Probe p1;
+    Probe p2;
+    alternate(table, pair, true, 20, p1, p2);
+  }
 }
 
 TEST_CASE("call sites: one site at several depths, cached per depth") {
