@@ -2,7 +2,7 @@
 """The benchmark suite of issue 6 (DESIGN §6.4), run by scripts/bench on a machine with an
 NVIDIA GPU.
 
-Builds the library and hot_path_bench (scripts/build) while nvcc compiles the benchmark
+Builds the library, hot_path_bench and backtrace_bench (scripts/build) while nvcc compiles the benchmark
 programs (shared runtime), then runs every workload with each of its contenders side by side,
 in rounds (round 1: A, B, C; round 2: A, B, C; ...), so that drift on a shared GPU hits every
 contender alike. Prints a table (median, spread min-max, ratios from medians, the issue's
@@ -473,28 +473,30 @@ def build(bench, args, programs):
     return bins
 
 
+def cpu_bench(bench, program, args, prefix, what, timeout):
+    """Runs one of the CPU benchmarks the build made (no GPU involved) and keeps its result lines;
+    None when it was not built, one failure line when it failed."""
+    path = os.path.join(bench.build, "tests", program)
+    if not os.path.exists(path):
+        return None
+    bench.progress(what)
+    result = run_process([path] + [str(a) for a in args], clean_environment(), timeout)
+    lines = result_lines(result.out, prefix)
+    return lines if result.rc == 0 and lines else [f"{program} failed: {result.describe()[:400]}"]
+
+
 def hot_path(bench, settings):
     """The Router's own cost per pair and its scaling on this machine's cores (no GPU involved):
     what bounds the threads workload once the driver is out of the hot path."""
-    program = os.path.join(bench.build, "tests", "hot_path_bench")
-    if not os.path.exists(program):
-        return None
-    bench.progress("hot path: the Router alone over the CPU double, 1-16 threads")
-    result = run_process([program, str(settings.thread_pairs * 10), "16"], clean_environment(), 300)
-    lines = result_lines(result.out, "hot_path ")
-    return lines if result.rc == 0 and lines else [f"hot_path_bench failed: {result.describe()[:400]}"]
+    return cpu_bench(bench, "hot_path_bench", [settings.thread_pairs * 10, 16], "hot_path ",
+                     "hot path: the Router alone over the CPU double, 1-16 threads", 300)
 
 
 def backtrace_cost(bench):
     """One call-site capture (POOLSHIM_BACKTRACE) on this machine's CPU: glibc backtrace() as the shim
     called it before, the unwind it makes now, and a repeated site answered by the per-thread cache."""
-    program = os.path.join(bench.build, "tests", "backtrace_bench")
-    if not os.path.exists(program):
-        return None
-    bench.progress("backtrace: one call-site capture, 8 frames, at two stack depths")
-    result = run_process([program, "200000"], clean_environment(), 120)
-    lines = result_lines(result.out, "depth=")
-    return lines if result.rc == 0 and lines else [f"backtrace_bench failed: {result.describe()[:400]}"]
+    return cpu_bench(bench, "backtrace_bench", [200000], "depth=",
+                     "backtrace: one call-site capture, 8 frames, at two stack depths", 120)
 
 
 # ---- the report ----------------------------------------------------------------------------------
@@ -522,6 +524,15 @@ def command_output(args):
         return None
 
 
+CPU_BENCH_HEADINGS = (
+    ("hot_path", "== hot path: the Router alone (tests/perf/hot_path.cpp): cudaMallocAsync/cudaFreeAsync cache hits "
+                 "over the CPU driver double, no driver call, each thread its own stream, 16 live, 256 B-4 MiB"),
+    ("backtrace", "== call-site capture (tests/perf/backtrace_bench.cpp): ns per capture of 8 frames on this host's "
+                  "CPU; old = glibc backtrace(n+16) as before, capture_frames = the unwind a new site costs, "
+                  "capture_site_hit = a repeated site"),
+)
+
+
 def report(bench, workloads, facts):
     groups = [g for w in workloads for g in w.groups]
     rows = bt.all_rows(groups, bench.samples)
@@ -538,17 +549,11 @@ def report(bench, workloads, facts):
             notes = w.group_notes.get(g.name, []) + (w.notes if i == len(w.groups) - 1 else [])
             lines.append(bt.render_group(g, [rows[(g.name, c)] for c in g.contenders], status, notes))
             lines.append("")
-    if facts.get("hot_path"):
-        lines.append("== hot path: the Router alone (tests/perf/hot_path.cpp): cudaMallocAsync/cudaFreeAsync cache hits "
-                     "over the CPU driver double, no driver call, each thread its own stream, 16 live, 256 B-4 MiB")
-        lines += ["   " + line for line in facts["hot_path"]]
-        lines.append("")
-    if facts.get("backtrace"):
-        lines.append("== call-site capture (tests/perf/backtrace_bench.cpp): ns per capture of 8 frames on this host's CPU; "
-                     "old = glibc backtrace(n+16) as before, capture_frames = the unwind a new site costs, "
-                     "capture_site_hit = a repeated site")
-        lines += ["   " + line for line in facts["backtrace"]]
-        lines.append("")
+    for key, heading in CPU_BENCH_HEADINGS:
+        if facts.get(key):
+            lines.append(heading)
+            lines += ["   " + line for line in facts[key]]
+            lines.append("")
     lines.append(bt.render_targets(verdicts))
     text = "\n".join(lines) + "\n"
     result = dict(facts, settings=dataclasses.asdict(bench.settings),
