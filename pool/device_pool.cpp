@@ -113,36 +113,27 @@ void DevicePool::release() {
   if (cache_) cache_->clear();
 }
 
+bool DevicePool::attribute(CUmemPool_attribute attribute, std::uint64_t* out) const {
+  cuuint64_t v = 0;
+  if (pool_ == nullptr || driver_.cuMemPoolGetAttribute(pool_, attribute, &v) != CUDA_SUCCESS) {
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
 PoolUsage DevicePool::usage() const {
   PoolUsage u;
-  cuuint64_t v = 0;
-  u.valid = true;
-  struct {
-    CUmemPool_attribute attribute;
-    std::uint64_t* out;
-  } queries[] = {
-      {CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &u.reserved},
-      {CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &u.reserved_high},
-      {CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &u.used},
-      {CU_MEMPOOL_ATTR_USED_MEM_HIGH, &u.used_high},
-  };
-  for (const auto& q : queries) {
-    if (pool_ == nullptr || driver_.cuMemPoolGetAttribute(pool_, q.attribute, &v) != CUDA_SUCCESS) {
-      u.valid = false;
-      return u;
-    }
-    *q.out = v;
-  }
+  u.valid = attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &u.reserved) &&
+            attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &u.reserved_high) &&
+            attribute(CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &u.used) &&
+            attribute(CU_MEMPOOL_ATTR_USED_MEM_HIGH, &u.used_high);
   return u;
 }
 
 std::uint64_t DevicePool::reserved() const {
-  cuuint64_t v = 0;
-  if (pool_ == nullptr || driver_.cuMemPoolGetAttribute(pool_, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-                                                        &v) != CUDA_SUCCESS) {
-    return 0;
-  }
-  return v;
+  std::uint64_t v = 0;
+  return attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) ? v : 0;
 }
 
 std::uint64_t DevicePool::trim_to(std::uint64_t keep_reserved) const {

@@ -88,6 +88,8 @@ class DevicePool {
   void release();
 
  private:
+  /// One attribute of the pool (cuMemPoolGetAttribute); false when it cannot be read.
+  bool attribute(CUmemPool_attribute attribute, std::uint64_t* out) const;
   DevicePool(const DriverApi& driver, int ordinal) : driver_(driver), ordinal_(ordinal) {}
 
   const DriverApi& driver_;
