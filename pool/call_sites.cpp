@@ -105,8 +105,9 @@ struct Walk {
   bool signal_frame = false;  // a frame's IP was not a return address
   std::uintptr_t prev_ip = 0;
   std::uintptr_t prev_cfa = 0;
-  // When recording (capture_site): slot[k] and value[k] for the frames k >= 1 walked, and
-  // rbp[k], the frame pointer register in function k (at its call).
+  // When recording (capture_site), for every frame k walked: slot[k] and value[k] (the return
+  // address slot and what it held; k = 0 is capture_site's own, not checked) and rbp[k], the
+  // frame pointer register in function k at its call.
   std::uintptr_t* slot = nullptr;
   std::uintptr_t* value = nullptr;
   std::uintptr_t* rbp = nullptr;
