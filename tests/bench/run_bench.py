@@ -432,7 +432,7 @@ class Bench:
 # ---- building ------------------------------------------------------------------------------------
 
 # Only what the bench runs: the unit tests would double the build's time.
-BUILD_TARGETS = ("poolshim", "hot_path_bench", "backtrace_bench")
+BUILD_TARGETS = ("poolshim", "hot_path_bench", "backtrace_bench", "call_timer")
 
 
 def build(bench, args, programs):
@@ -499,6 +499,80 @@ def backtrace_cost(bench):
                      "backtrace: one call-site capture, 8 frames, at two stack depths", 120)
 
 
+# ---- the call profile ----------------------------------------------------------------------------
+
+TIMED_FUNCTIONS = ("cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync", "cudaStreamSynchronize",
+                   "cudaDeviceSynchronize")
+
+
+def call_profile(bench, bins, s, only):
+    """Where the allocation time of a run goes: churn (64 live) and the uncached PyTorch loop run
+    once more, natively and under the shim in each free mode, with the call timer
+    (tests/perf/call_timer.cpp) preloaded in front of everything. It times each runtime call
+    the program makes, whatever answers it, over the timed part only (the programs reset it
+    after their warm-up). Returns the section's lines."""
+    timer = os.path.join(bench.build, "programs", "libcall_timer.so")
+    if not os.path.exists(timer):
+        return [f"no call timer at {timer}: not built"]
+    cases = []
+    if "churn" in only:
+        argv = [os.path.join(bins, "churn_bench"), "malloc", str(s.churn_iterations), "64", str(128 * MiB), "none",
+                str(s.churn_warmup)]
+        cases += [(f"churn 64 live / {name}", argv, env, s.churn_iterations, "pair")
+                  for name, env in ((bt.NATIVE, None), (bt.SHIM_SYNC, shim_env("sync")),
+                                    (bt.SHIM_ORDERED, shim_env("ordered")))]
+    if "torch" in only:
+        argv = [sys.executable, os.path.join(ROOT, "tests", "gpu", "torch_train.py"), str(s.torch_steps),
+                str(s.torch_warmup)]
+        uncached = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+        cases += [(f"torch / {name}", argv, dict(uncached, **(env or {})) if env is not None else uncached,
+                   s.torch_steps, "step")
+                  for name, env in ((bt.TORCH_UNCACHED, None), (bt.TORCH_UNCACHED_SYNC, shim_env("sync")),
+                                    (bt.TORCH_UNCACHED_ORDERED, shim_env("ordered")))]
+    header = (f"{'run':<34} {'function':<22} {'calls/unit':>10} {'us/unit':>9} {'p50 us':>8} {'p99 us':>8} "
+              f"{'>=10us calls/unit':>17} {'>=10us us/unit':>14}")
+    lines = [header]
+    for label, argv, env, units, unit in cases:
+        shim = env is not None and "POOLSHIM_FREE" in env
+        folder = os.path.join(bench.out, "logs", "profile", slug(label))
+        shutil.rmtree(folder, ignore_errors=True)
+        os.makedirs(folder)
+        out = os.path.join(folder, "call_timer.txt")
+        run_env = bench.environment(dict(env or {}, CALL_TIMER_OUT=out))
+        run_env["LD_PRELOAD"] = timer
+        if shim:
+            run_env = with_shim(run_env, timer + ":" + bench.library, os.path.join(folder, "log-%p.jsonl"))
+        bench.progress(f"profile: {label}")
+        try:
+            result = run_process(argv, run_env, timeout=300)
+        except subprocess.TimeoutExpired:
+            lines.append(f"{label}: no result within 300 s")
+            continue
+        if result.rc != 0 or not os.path.exists(out):
+            lines.append(f"{label}: exit status {result.rc}, no timer output: {result.describe()[-300:]}")
+            continue
+        with open(out) as f:
+            timed = {fields["fn"]: fields for fields in (parse_fields(line) for line in f
+                                                          if line.startswith("call_timer: "))}
+        in_calls_us = 0.0
+        for fn in TIMED_FUNCTIONS:
+            if fn not in timed:
+                continue
+            t = timed[fn]
+            in_calls_us += float(t["total_us"])
+            lines.append(f"{label:<34} {fn:<22} {int(t['calls']) / units:>10.2f} {float(t['total_us']) / units:>9.2f} "
+                         f"{float(t['p50_us']):>8.2f} {float(t['p99_us']):>8.2f} "
+                         f"{int(t['slow_calls']) / units:>17.2f} {float(t['slow_us']) / units:>14.2f}")
+        summary = f"{label:<34} all timed calls: {in_calls_us / units:.2f} us per {unit}"
+        if unit == "step":
+            mean = re.search(r"^mean_step_ms ([0-9.]+)", result.err, re.M)
+            if mean:
+                step_us = float(mean.group(1)) * 1000
+                summary += f" of a mean step of {step_us / 1000:.2f} ms ({100 * in_calls_us / units / step_us:.1f}%)"
+        lines.append(summary)
+    return lines
+
+
 # ---- the report ----------------------------------------------------------------------------------
 
 def source_digest():
@@ -524,7 +598,10 @@ def command_output(args):
         return None
 
 
-CPU_BENCH_HEADINGS = (
+SECTION_HEADINGS = (
+    ("profile", "== call profile (tests/perf/call_timer.cpp preloaded in front): the timed part of each run once more; "
+                "per timed pair (churn) or step (PyTorch): calls, microseconds inside each runtime function, "
+                "median and 99th percentile of one call, and the calls of 10 us or more"),
     ("hot_path", "== hot path: the Router alone (tests/perf/hot_path.cpp): cudaMallocAsync/cudaFreeAsync cache hits "
                  "over the CPU driver double, no driver call, each thread its own stream, 16 live, 256 B-4 MiB"),
     ("backtrace", "== call-site capture (tests/perf/backtrace_bench.cpp): ns per capture of 8 frames on this host's "
@@ -549,7 +626,7 @@ def report(bench, workloads, facts):
             notes = w.group_notes.get(g.name, []) + (w.notes if i == len(w.groups) - 1 else [])
             lines.append(bt.render_group(g, [rows[(g.name, c)] for c in g.contenders], status, notes))
             lines.append("")
-    for key, heading in CPU_BENCH_HEADINGS:
+    for key, heading in SECTION_HEADINGS:
         if facts.get(key):
             lines.append(heading)
             lines += ["   " + line for line in facts[key]]
@@ -604,6 +681,8 @@ def main():
     workloads = make_workloads(settings, bins, only)
     for w in workloads:
         bench.run_workload(w)
+    if {"churn", "torch"} & set(only):
+        facts["profile"] = call_profile(bench, bins, settings, only)
     facts["hot_path"] = hot_path(bench, settings)
     facts["backtrace"] = backtrace_cost(bench)
     text = report(bench, workloads, facts)

@@ -246,6 +246,54 @@ def case_churn_sync_counted_once(tmp):
     churn_case(tmp, "churn", "sync")
 
 
+def call_timer_lines(text):
+    """fn -> fields of the call timer's lines (tests/perf/call_timer.cpp)."""
+    return {f["fn"]: f for f in (parse_fields(line) for line in text.splitlines()
+                                 if line.startswith("call_timer: "))}
+
+
+@case
+def case_call_timer_counts_each_call_with_and_without_the_shim(tmp):
+    # scripts/bench's profile rests on these counts: every call is timed once, and the calls
+    # still reach what answers them (the shim pools all of them).
+    timer = os.path.join(BUILD, "programs", "libcall_timer.so")
+    for mode, calls in (("sync", {"cudaMalloc": 316, "cudaFree": 316}),
+                        ("async", {"cudaMallocAsync": 316, "cudaFreeAsync": 316, "cudaStreamSynchronize": 3})):
+        args = [program("churn"), "300", "16", str(4 * MiB)] + ([mode] if mode == "async" else [])
+        native = run(args, False, tmp, {"LD_PRELOAD": timer})
+        shim = run_process(args, with_shim(base_env(), timer + ":" + os.path.join(BUILD, "libpoolshim.so"),
+                                           os.path.join(tmp, f"{mode}-%p.jsonl")))
+        compare(args, native, shim)
+        for result in (native, shim):
+            lines = call_timer_lines(result.err)
+            expect_equal(sorted(lines), sorted(calls), f"functions timed ({mode})")
+            for fn, n in calls.items():
+                expect_equal(int(lines[fn]["calls"]), n, f"{fn} calls ({mode})")
+                expect(float(lines[fn]["p50_us"]) <= float(lines[fn]["p99_us"]) <= float(lines[fn]["max_us"]),
+                       f"{fn} percentiles out of order: {lines[fn]}")
+        ex, _ = exit_device(poolshim_log.read_log(logs_in(tmp, f"{mode}-")[0]))
+        expect_equal(ex["pooled_allocs"], 316, f"pooled allocations behind the timer ({mode})")
+
+
+@case
+def case_call_timer_reset_forgets_the_warmup(tmp):
+    script = ("import ctypes, os\n"
+              "rt = ctypes.CDLL('libcudart.so.13', mode=os.RTLD_GLOBAL)\n"
+              "glob = ctypes.CDLL(None)\n"
+              "p = ctypes.c_void_p()\n"
+              "for _ in range(3): glob.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(4096)); glob.cudaFree(p)\n"
+              "glob.call_timer_reset()\n"
+              "glob.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(4096)); glob.cudaFree(p)\n")
+    timer = os.path.join(BUILD, "programs", "libcall_timer.so")
+    out = os.path.join(tmp, "timer.txt")
+    result = run([sys.executable, "-c", script], False, tmp, {"LD_PRELOAD": timer, "CALL_TIMER_OUT": out})
+    expect_equal(result.rc, 0, "exit status: " + result.describe())
+    with open(out) as f:
+        lines = call_timer_lines(f.read())
+    expect_equal({fn: int(f["calls"]) for fn, f in lines.items()}, {"cudaMalloc": 1, "cudaFree": 1},
+                 "calls counted after call_timer_reset")
+
+
 @case
 def case_churn_async_counted_once(tmp):
     churn_case(tmp, "churn", "async")

@@ -3,7 +3,11 @@ as float.hex) and the median step time. Run it with and without the shim, with P
 caching allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1): the losses must be identical.
 
     python3 torch_train.py [steps] [warmup]
+
+Under scripts/bench's call timer (tests/perf/call_timer.cpp, preloaded) the warm-up's calls are
+forgotten when it ends, so that the timer counts exactly the timed steps.
 """
+import ctypes
 import os
 import statistics
 import sys
@@ -28,7 +32,11 @@ def main():
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator(device="cpu").manual_seed(99)
     times = []
+    reset_call_timer = getattr(ctypes.CDLL(None), "call_timer_reset", None)
     for step in range(warmup + steps):
+        if step == warmup and reset_call_timer is not None:
+            torch.cuda.synchronize()
+            reset_call_timer()
         # Sequence lengths vary from step to step, as real batches do: allocation sizes vary too.
         length = 64 + (step * 37) % (seq - 63)
         tokens = torch.randint(0, vocab, (batch, length + 1), generator=generator).to(device)
@@ -45,6 +53,7 @@ def main():
             times.append(time.perf_counter() - start)
         print(f"loss {step} {value.hex()}")
     print(f"median_step_ms {1000 * statistics.median(times):.3f}", file=sys.stderr)
+    print(f"mean_step_ms {1000 * statistics.mean(times):.3f}", file=sys.stderr)
     print(f"max_reserved_mb {torch.cuda.max_memory_reserved() / 2**20:.1f}", file=sys.stderr)
 
 
