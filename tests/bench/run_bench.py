@@ -69,8 +69,8 @@ class Settings:
     observe_iterations: int  # long enough for several 100 ms samples under the shim
 
 
-FULL = Settings(rounds=5, thread_rounds=3, torch_rounds=3, churn_iterations=10000, churn_warmup=500,
-                async_iterations=50000, async_warmup=5000, thread_pairs=20000, torch_steps=40, torch_warmup=5,
+FULL = Settings(rounds=5, thread_rounds=3, torch_rounds=3, churn_iterations=10000, churn_warmup=5000,
+                async_iterations=50000, async_warmup=5000, thread_pairs=20000, torch_steps=60, torch_warmup=10,
                 observe_iterations=300000)
 QUICK = Settings(rounds=2, thread_rounds=1, torch_rounds=1, churn_iterations=1000, churn_warmup=100,
                  async_iterations=5000, async_warmup=500, thread_pairs=2000, torch_steps=8, torch_warmup=2,
@@ -176,7 +176,8 @@ def make_workloads(s, bins, only):
     for live, touch, name in ((64, "none", bt.CHURN_64), (64, "kernel", bt.CHURN_64_KERNEL),
                               (1, "none", bt.CHURN_1), (1, "kernel", bt.CHURN_1_KERNEL)):
         groups.append(bt.Group(name, "churn", "us_per_pair", "us per cudaMalloc+cudaFree pair, sizes 256 B-128 MiB"
-                               + (", a kernel writes each new buffer" if touch == "kernel" else ""),
+                               + (", a kernel writes each new buffer" if touch == "kernel" else "")
+                               + f", {s.churn_iterations} pairs timed after {s.churn_warmup} untimed",
                                bt.NATIVE, bt.BASE_OVER_THIS, churn_contenders))
         argv = [churn, "malloc", str(s.churn_iterations), str(live), str(128 * MiB), touch, str(s.churn_warmup)]
         runs += [Run(f"{name} / {bt.NATIVE}", bt.NATIVE, argv, {}, churn_parser(name)),
@@ -217,7 +218,7 @@ def make_workloads(s, bins, only):
                                 f"{s.thread_pairs} pairs per thread, timed from the barrier to the last join"]))
 
     uncached = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
-    group = bt.Group(bt.TORCH, "torch", "step_ms", "median ms per training step (tests/gpu/torch_train.py)",
+    group = bt.Group(bt.TORCH, "torch", "step_ms", f"median ms per training step (tests/gpu/torch_train.py), {s.torch_steps} steps after {s.torch_warmup} warm-up",
                      bt.TORCH_CACHING, bt.THIS_OVER_BASE,
                      [bt.TORCH_CACHING, bt.TORCH_ASYNC_BACKEND, bt.TORCH_UNCACHED, bt.TORCH_UNCACHED_SYNC,
                       bt.TORCH_UNCACHED_ORDERED, bt.TORCH_UNCACHED_ORDERED_SMALL],
