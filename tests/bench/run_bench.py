@@ -2,7 +2,7 @@
 """The benchmark suite of issue 6 (DESIGN §6.4), run by scripts/bench on a machine with an
 NVIDIA GPU.
 
-Builds the library, hot_path_bench and backtrace_bench (scripts/build) while nvcc compiles the benchmark
+Builds the library, hot_path_bench, backtrace_bench and the call timer (scripts/build) while nvcc compiles the benchmark
 programs (shared runtime), then runs every workload with each of its contenders side by side,
 in rounds (round 1: A, B, C; round 2: A, B, C; ...), so that drift on a shared GPU hits every
 contender alike. Prints a table (median, spread min-max, ratios from medians, the issue's
@@ -13,7 +13,9 @@ checked to have pooled its allocations and the pool's peaks and cache counters c
 
     run_bench.py --build BUILD [--out DIR] [--quick] [--only NAME[,NAME]] [--no-build]
 
-Workloads: churn, async, threads, torch, observability. Exit status 0 when every selected
+Workloads: churn, async, threads, torch, observability; with churn or torch (or alone: --only
+profile) a call profile runs them once more under the call timer (tests/perf/call_timer.cpp), to
+show where their allocation time goes. Exit status 0 when every selected
 workload ran (targets not met are no failure), 1 when one broke: a non-zero exit status, an
 output line it could not parse, a shim run that pooled nothing, or PyTorch losses that differ.
 """
@@ -42,7 +44,10 @@ import bench_table as bt  # noqa: E402
 CUDA = os.environ.get("CUDA_HOME", "/usr/local/cuda")
 PROGRAMS = {"churn_bench": "tests/bench/churn_bench.cu", "threads_bench": "tests/bench/threads_bench.cu"}
 WORKLOADS = ("churn", "async", "threads", "torch", "observability")
-NEEDS = {"churn": "churn_bench", "async": "churn_bench", "observability": "churn_bench", "threads": "threads_bench"}
+NEEDS = {"churn": "churn_bench", "async": "churn_bench", "observability": "churn_bench", "threads": "threads_bench",
+         "profile": "churn_bench"}
+# Sections that are not workloads of the table: --only profile runs the call profile alone.
+SECTIONS = ("profile",)
 MiB = 1 << 20
 DIRECT_POOL_NOTE = ("direct pool: cudaMallocFromPoolAsync on a pool the program creates as poolshim creates its own "
                     "(pinned device memory, release threshold UINT64_MAX, so it behaves as a warmed pool; reuse "
@@ -443,7 +448,7 @@ def build(bench, args, programs):
     library = None
     build_log = os.path.join(bench.out, "build.log")
     if not args.no_build:
-        bench.progress("building libpoolshim.so, hot_path_bench and backtrace_bench (scripts/build) and the "
+        bench.progress("building libpoolshim.so, hot_path_bench, backtrace_bench and the call timer (scripts/build) and the "
                        "benchmark programs")
         with open(build_log, "w") as log:
             library = subprocess.Popen([os.path.join(ROOT, "scripts", "build"), "-DPOOLSHIM_TESTS=ON"], cwd=ROOT,
@@ -652,7 +657,8 @@ def main():
     parser.add_argument("--build", required=True, help="build folder of the library (POOLSHIM_BUILD_DIR)")
     parser.add_argument("--out", help="where bench.txt, bench.json and the logs go (default BUILD/bench)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and iterations: a smoke run")
-    parser.add_argument("--only", help="comma-separated workloads: " + ", ".join(WORKLOADS))
+    parser.add_argument("--only", help="comma-separated workloads: " + ", ".join(WORKLOADS)
+                        + " (the call profile runs with churn or torch; 'profile' runs it alone)")
     parser.add_argument("--no-build", action="store_true", help="use the library already in BUILD")
     parser.add_argument("--digest", action="store_true", help="print the library sources' digest and exit")
     if "--digest" in sys.argv[1:]:
@@ -660,9 +666,9 @@ def main():
         return 0
     args = parser.parse_args()
     only = WORKLOADS if not args.only else tuple(n.strip() for n in args.only.split(",") if n.strip())
-    unknown = [n for n in only if n not in WORKLOADS]
+    unknown = [n for n in only if n not in WORKLOADS + SECTIONS]
     if unknown:
-        parser.error(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}")
+        parser.error(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS + SECTIONS)}")
     args.out = args.out or os.path.join(args.build, "bench")
     os.makedirs(args.out, exist_ok=True)
     settings = QUICK if args.quick else FULL
@@ -682,8 +688,8 @@ def main():
     workloads = make_workloads(settings, bins, only)
     for w in workloads:
         bench.run_workload(w)
-    if {"churn", "torch"} & set(only):
-        facts["profile"] = call_profile(bench, bins, settings, only)
+    if {"churn", "torch", "profile"} & set(only):
+        facts["profile"] = call_profile(bench, bins, settings, ("churn", "torch") if "profile" in only else only)
     facts["hot_path"] = hot_path(bench, settings)
     facts["backtrace"] = backtrace_cost(bench)
     text = report(bench, workloads, facts)
