@@ -36,6 +36,12 @@ struct CachedBlock {
   std::uint64_t freed_ns = 0;  // coarse time of the free (aging)
 };
 
+/// The affinity of a block freed by cudaFree (mode ordered) while its device had no non-blocking
+/// stream: it may serve an allocation once a barrier is recorded on the legacy default stream
+/// after its free (Router::legacy_barrier; the legacy_reuse option). Not a stream handle: it is
+/// never given to the driver.
+inline const CUstream kBehindLegacyBarrier = reinterpret_cast<CUstream>(std::uintptr_t{3});
+
 /// The fence counters of one device (see above).
 class FenceClock {
  public:

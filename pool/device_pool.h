@@ -75,6 +75,14 @@ class DevicePool {
   std::mutex& fence_mutex() { return fence_mutex_; }
   /// The number of the event fence in flight, 0 when none (under fence_mutex()).
   std::uint64_t fence_in_flight = 0;
+  /// A cudaMalloc has been served a block behind a barrier on the legacy default stream
+  /// (Router::take_behind_legacy_barrier): non-blocking streams made from now on first wait
+  /// for that stream. Never cleared.
+  std::atomic<bool> legacy_handouts{false};
+  /// cudaFree'd blocks may take the legacy stream's shortcut only once this fence has
+  /// completed: a non-blocking stream destroyed before it may still run work on them (the
+  /// free stream waits for that work, so the next fence covers it).
+  std::atomic<std::uint64_t> legacy_reuse_after{0};
 
   PoolUsage usage() const;
   /// The pool's reserved bytes now (one attribute query; 0 when it fails).

@@ -223,8 +223,19 @@ bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Allo
   CUdeviceptr ptr = 0;
   std::uint64_t capacity = bytes;
   CachedBlock cached;
-  if (take_cached(*pool, bytes, nullptr, &cached)) {
-    // Ready for every stream: its fence completed, so nothing to wait for.
+  // A block cudaFree'd behind a legacy barrier may serve while no non-blocking stream exists.
+  const bool legacy = config_.legacy_reuse && registry_ != nullptr && !registry_->any_listed();
+  if (take_cached(*pool, bytes, nullptr, &cached, legacy ? kBehindLegacyBarrier : nullptr)) {
+    // Ready for every stream when its fence completed; otherwise every stream that may use it
+    // is ordered behind the legacy stream from the barrier on (a non-blocking stream listed
+    // meanwhile is not: then the device is synchronized instead, a fence).
+    if (cached.stream == kBehindLegacyBarrier && cached.ready_at > pool->fences().completed()) {
+      if (legacy_barrier_allowed(*pool)) {
+        legacy_barrier(*pool);
+      } else {
+        synchronize_as_fence(*pool);
+      }
+    }
     ptr = cached.ptr;
     capacity = cached.capacity;
   } else {
@@ -258,7 +269,14 @@ bool Router::allocate_async(int device, std::size_t bytes, CUstream stream, CUde
   CUdeviceptr ptr = 0;
   std::uint64_t capacity = bytes;
   CachedBlock cached;
-  if (take_cached(*pool, bytes, cache_affinity(stream), &cached)) {
+  const CUstream affinity = cache_affinity(stream);
+  // On the legacy stream, a block cudaFree'd behind a legacy barrier serves once the barrier
+  // is recorded: the allocation's users are ordered behind the legacy stream's work from there.
+  const bool legacy = affinity == CU_STREAM_LEGACY && config_.legacy_reuse;
+  if (take_cached(*pool, bytes, affinity, &cached, legacy ? kBehindLegacyBarrier : nullptr)) {
+    if (cached.stream == kBehindLegacyBarrier && cached.ready_at > pool->fences().completed()) {
+      legacy_barrier(*pool);
+    }
     ptr = cached.ptr;
     capacity = cached.capacity;
   } else {
@@ -318,8 +336,9 @@ void Router::free_sync(void* ptr, int caller_device, Fallback real) {
       const CUresult state = driver_.cuStreamQuery(pool->stream());
       return state == CUDA_SUCCESS || state == CUDA_ERROR_NOT_READY;
     };
+    const CUstream affinity = legacy_affinity_for_free(*pool) ? kBehindLegacyBarrier : nullptr;
     if ((pool->cache().limit() > 0 && healthy() &&
-         cache_block(*pool, *a, key, nullptr, pool->fences().next())) ||
+         cache_block(*pool, *a, key, affinity, pool->fences().next())) ||
         free_ordered(*pool, key) == CUDA_SUCCESS) {
       DeviceStats& s = stats(a->device);
       s.on_free(a->requested);
@@ -410,16 +429,19 @@ CUstream Router::cache_affinity(CUstream stream) const {
   return registry_ != nullptr && registry_->observed() ? stream : nullptr;
 }
 
-bool Router::take_cached(DevicePool& pool, std::size_t bytes, CUstream stream, CachedBlock* out) {
+bool Router::take_cached(DevicePool& pool, std::size_t bytes, CUstream stream, CachedBlock* out,
+                         CUstream fallback) {
   BlockCache& cache = pool.cache();
   if (cache.limit() == 0) return false;
   DeviceStats& s = stats(pool.ordinal());
   FenceClock& fences = pool.fences();
-  bool hit = cache.take(bytes, stream, fences.completed(), out);
+  const auto take = [&] {
+    return cache.take(bytes, stream, fences.completed(), out) ||
+           (fallback != nullptr && cache.take(bytes, fallback, fences.completed(), out));
+  };
+  bool hit = take();
   // A miss while blocks wait for a fence: the fence in flight may have completed by now.
-  if (!hit && cache.waiting(fences.completed()) && advance_fences(pool)) {
-    hit = cache.take(bytes, stream, fences.completed(), out);
-  }
+  if (!hit && cache.waiting(fences.completed()) && advance_fences(pool)) hit = take();
   if (!hit) {
     s.bump(&CounterShard::cache_misses);
     return false;
@@ -437,6 +459,46 @@ bool Router::cache_block(DevicePool& pool, const Allocation& a, CUdeviceptr ptr,
   if (!cache.put(block, pool.fences().completed(), &evicted)) return false;
   if (evicted.ptr != 0) return_block(pool, evicted);
   return true;
+}
+
+bool Router::legacy_barrier_allowed(DevicePool& pool) {
+  // Marked before the registry is read (both sequentially consistent): a non-blocking stream
+  // listed at the same moment either is seen here, or sees the mark and waits.
+  if (!pool.legacy_handouts.load(std::memory_order_seq_cst)) {
+    pool.legacy_handouts.store(true, std::memory_order_seq_cst);
+  }
+  return !registry_->any_listed() && unordered_reason(pool) == nullptr;
+}
+
+void Router::legacy_barrier(DevicePool& pool) {
+  // The pool's context is current (adopt_context). Work on the legacy stream waits for every
+  // blocking stream's earlier work, and every blocking stream's later work waits for it.
+  if (driver_.cuEventRecord(pool.legacy_event(), CU_STREAM_LEGACY) == CUDA_SUCCESS) {
+    stats(pool.ordinal()).bump(&CounterShard::legacy_reuses);
+    return;
+  }
+  // No record (a faulted context runs no more work): a synchronization orders everything.
+  synchronize_as_fence(pool);
+}
+
+bool Router::legacy_affinity_for_free(DevicePool& pool) const {
+  // Called where ordered_free_possible() holds. Without a non-blocking stream, every stream
+  // that may still use the block is a blocking one, which the legacy stream orders; a
+  // non-blocking stream destroyed before may still run work on it until a fence completes.
+  return config_.legacy_reuse && !registry_->any_listed() &&
+         pool.fences().completed() >= pool.legacy_reuse_after.load(std::memory_order_acquire);
+}
+
+void Router::after_stream_listed(const StreamRegistry::Entry& entry) {
+  DevicePool* pool = valid_device(entry.device) ? existing_pool(entry.device) : nullptr;
+  if (pool == nullptr || !pool->legacy_handouts.load(std::memory_order_seq_cst)) return;
+  ScopedContext ctx(driver_, pool->context());
+  // A later record of the same event (an ordered free's) only waits for more. A failed record
+  // means a faulted context, where no work runs any more.
+  if (driver_.cuEventRecord(pool->legacy_event(), CU_STREAM_LEGACY) != CUDA_SUCCESS) return;
+  if (driver_.cuEventQuery(pool->legacy_event()) == CUDA_ERROR_NOT_READY) {
+    driver_.cuStreamWaitEvent(entry.stream, pool->legacy_event(), 0);
+  }
 }
 
 CUresult Router::allocate_from_pool(DevicePool& pool, std::size_t bytes, CUstream stream,
@@ -524,7 +586,8 @@ void Router::release_if_cached(std::uintptr_t ptr) {
     if (pool == nullptr || !pool->cache().take_pointer(ptr, &b)) continue;
     // Its last use may still run: free it in the order of its stream, or after a fence.
     stats(d).bump(&CounterShard::cache_returns);
-    if (b.stream != nullptr && driver_.cuMemFreeAsync(b.ptr, b.stream) == CUDA_SUCCESS) return;
+    const CUstream order = b.stream == kBehindLegacyBarrier ? CU_STREAM_LEGACY : b.stream;
+    if (order != nullptr && driver_.cuMemFreeAsync(b.ptr, order) == CUDA_SUCCESS) return;
     ScopedContext ctx(driver_, pool->context());
     if (b.ready_at > pool->fences().completed()) synchronize_as_fence(*pool);
     driver_.cuMemFreeAsync(b.ptr, pool->stream());
@@ -558,11 +621,23 @@ std::uint64_t Router::tend_cache(int device, std::uint64_t now, std::uint64_t ma
 
 void Router::wait_for_stream_at_destroy(const StreamRegistry::Entry& entry) {
   DevicePool* pool = existing_pool(entry.device);
-  if (entry.event == nullptr || pool == nullptr) return;
+  if (pool == nullptr) return;
+  if (entry.event == nullptr) {
+    // Nothing can wait for its last work: cudaFree'd blocks never take the legacy shortcut.
+    pool->legacy_reuse_after.store(UINT64_MAX, std::memory_order_release);
+    return;
+  }
   if (!ordered_mode_ && pool->cache().limit() == 0) return;
   ScopedContext ctx(driver_, pool->context());
   if (driver_.cuEventRecord(entry.event, entry.stream) == CUDA_SUCCESS) {
     driver_.cuStreamWaitEvent(pool->free_stream(), entry.event, 0);
+  }
+  // Blocks cudaFree'd from now on may have been used on this stream: no legacy shortcut for
+  // them before the next fence, which is behind this wait.
+  const std::uint64_t next = pool->fences().next();
+  std::uint64_t seen = pool->legacy_reuse_after.load(std::memory_order_relaxed);
+  while (next > seen && !pool->legacy_reuse_after.compare_exchange_weak(
+                            seen, next, std::memory_order_release, std::memory_order_relaxed)) {
   }
 }
 

@@ -127,6 +127,10 @@ class Router {
   void wait_for_stream_at_destroy(const StreamRegistry::Entry& entry);
   /// After the stream left the list: its event goes.
   void release_stream_event(const StreamRegistry::Entry& entry);
+  /// A non-blocking stream was listed. If a cudaMalloc was ever served behind a legacy barrier
+  /// (legacy_reuse), the stream first waits for the legacy default stream's work so far, which
+  /// orders it behind every such block's earlier users. No host stall.
+  void after_stream_listed(const StreamRegistry::Entry& entry);
   /// Memory the device's pool holds but has not handed out.
   std::uint64_t unused_bytes(int device) const;
   /// cudaMemGetInfo as the application must see it: the pool's unused memory counts as free,
@@ -189,8 +193,20 @@ class Router {
   /// The stream a block freed on `stream` may serve at once: the legacy stream, or a named
   /// stream whose destruction the shim sees; nullptr (fences only) for the per-thread stream.
   CUstream cache_affinity(CUstream stream) const;
-  /// A cached block for `bytes` usable on `stream` (nullptr: on every stream, cudaMalloc).
-  bool take_cached(DevicePool& pool, std::size_t bytes, CUstream stream, CachedBlock* out);
+  /// A cached block for `bytes` usable on `stream` (nullptr: on every stream, cudaMalloc);
+  /// failing that, one usable on `fallback` (when non-null).
+  bool take_cached(DevicePool& pool, std::size_t bytes, CUstream stream, CachedBlock* out,
+                   CUstream fallback = nullptr);
+  /// legacy_reuse, cudaMalloc's side: whether a block cudaFree'd behind a legacy barrier may
+  /// serve it (no non-blocking stream on the device, order provable). Marks the pool first, so
+  /// that a non-blocking stream listed meanwhile waits (after_stream_listed).
+  bool legacy_barrier_allowed(DevicePool& pool);
+  /// The barrier: an event recorded on the legacy default stream after the block's free, which
+  /// every blocking stream's later work waits for. A synchronization when it cannot be recorded.
+  void legacy_barrier(DevicePool& pool);
+  /// legacy_reuse, cudaFree's side (mode ordered): whether a block freed now may be cached with
+  /// the legacy stream's shortcut.
+  bool legacy_affinity_for_free(DevicePool& pool) const;
   /// Keeps a freed block; false when the cache will not (the caller frees it).
   bool cache_block(DevicePool& pool, const Allocation& a, CUdeviceptr ptr, CUstream stream,
                    std::uint64_t ready_at);

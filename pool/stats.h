@@ -40,7 +40,10 @@ namespace poolshim {
   X(cache_hits, "of allocs, those served from the user-space cache without a driver call")      \
   X(cache_misses, "allocations that found no fitting block in the cache (cache on)")            \
   X(cache_returns, "cached blocks given back to the pool (aged, evicted, out-of-memory, idle)") \
-  X(fences, "device-wide fences started to make cached blocks reusable by any stream")
+  X(fences, "device-wide fences started to make cached blocks reusable by any stream")          \
+  X(legacy_reuses,                                                                              \
+    "of cache_hits, cudaMalloc calls served a block behind a barrier on the legacy stream "     \
+    "(legacy_reuse)")
 
 // X(name, meaning): figures with a current value, a peak and a running total of increases.
 #define POOLSHIM_GAUGES(X)                                                          \

@@ -8,6 +8,7 @@ void StreamRegistry::add(const Entry& entry) {
   std::unique_lock<std::shared_mutex> lock(mutex_);
   entries_.push_back(entry);
   if (entry.event == nullptr) eventless_.fetch_add(1, std::memory_order_release);
+  listed_.fetch_add(1, std::memory_order_seq_cst);
 }
 
 void StreamRegistry::drop_device(int device) {
@@ -21,6 +22,7 @@ void StreamRegistry::drop_device(int device) {
     }
   }
   entries_.swap(kept);
+  listed_.store(static_cast<int>(entries_.size()), std::memory_order_seq_cst);
 }
 
 std::size_t StreamRegistry::size() const {

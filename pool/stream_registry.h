@@ -41,6 +41,7 @@ class StreamRegistry {
       *out = *it;
       if (it->event == nullptr) eventless_.fetch_sub(1, std::memory_order_release);
       entries_.erase(it);
+      listed_.fetch_sub(1, std::memory_order_seq_cst);
       return true;
     }
     return false;
@@ -61,6 +62,10 @@ class StreamRegistry {
   std::size_t size() const;
   /// The number of entries without taking the lock (tests, from inside remove's callback).
   std::size_t size_unlocked_for_tests() const { return entries_.size(); }
+  /// Whether any non-blocking stream is listed, without the lock. Sequentially consistent with
+  /// add(): a thread that sets a flag and then finds none listed, and a thread that adds a
+  /// stream and then reads the flag, cannot both miss each other (Router::legacy_reuse).
+  bool any_listed() const { return listed_.load(std::memory_order_seq_cst) > 0; }
   /// Streams listed without an event: work on them cannot be ordered before a free.
   bool has_eventless() const { return eventless_.load(std::memory_order_acquire) > 0; }
 
@@ -77,6 +82,7 @@ class StreamRegistry {
   mutable std::shared_mutex mutex_;
   std::vector<Entry> entries_;
   std::atomic<int> eventless_{0};  // entries whose event is null
+  std::atomic<int> listed_{0};     // entries, read without the lock
   std::atomic<bool> observed_{false};
   std::atomic<bool> foreign_context_{false};
 };

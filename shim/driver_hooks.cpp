@@ -314,6 +314,8 @@ void register_stream(CUresult r, const CUstream* stream, unsigned int flags) {
     entry.event = nullptr;
   }
   poolshim::shim::streams().add(entry);
+  // Listed first, then the core looks for legacy-barrier reuse (Router::after_stream_listed).
+  if (Router* router = poolshim::shim::router_if_running()) router->after_stream_listed(entry);
 }
 
 }  // namespace

@@ -56,7 +56,7 @@ DIRECT_POOL_NOTE = ("direct pool: cudaMallocFromPoolAsync on a pool the program 
 # than the others and are shown only when the library writes them.
 POOL_FIELDS = ("allocs", "frees", "async_allocs", "async_frees", "ordered_frees", "passthrough_allocs",
                "passthrough_frees", "fallback_allocs", "failed_allocs", "reserved_bytes_peak", "used_bytes_peak",
-               "cached_bytes", "cache_hits", "cache_misses")
+               "cached_bytes", "cache_hits", "cache_misses", "legacy_reuses", "fences")
 
 
 @dataclasses.dataclass
@@ -431,6 +431,8 @@ class Bench:
             if "cache_hits" in pool or "cached_bytes" in pool:
                 text += (f"; cache hits {pool.get('cache_hits', '?')}, misses {pool.get('cache_misses', '?')}, "
                          f"cached {poolshim_log.fmt_bytes(pool.get('cached_bytes'))} at exit")
+                if pool.get("legacy_reuses") or pool.get("fences"):
+                    text += f"; legacy-barrier reuses {pool.get('legacy_reuses')}, fences {pool.get('fences')}"
             notes.append((group, text))
         return notes
 
@@ -534,8 +536,10 @@ def call_profile(bench, bins, s, only):
         cases += [(f"torch / {name}", argv, dict(uncached, **(env or {})) if env is not None else uncached,
                    s.torch_steps, "step")
                   for name, env in ((bt.TORCH_UNCACHED, None), (bt.TORCH_UNCACHED_SYNC, shim_env("sync")),
-                                    (bt.TORCH_UNCACHED_ORDERED, shim_env("ordered")))]
-    header = (f"{'run':<34} {'function':<22} {'calls/unit':>10} {'us/unit':>9} {'p50 us':>8} {'p99 us':>8} "
+                                    (bt.TORCH_UNCACHED_ORDERED, shim_env("ordered")),
+                                    (bt.TORCH_UNCACHED_ORDERED + ", legacy_reuse 0",
+                                     shim_env("ordered", POOLSHIM_LEGACY_REUSE="0")))]
+    header = (f"{'run':<50} {'function':<22} {'calls/unit':>10} {'us/unit':>9} {'p50 us':>8} {'p99 us':>8} "
               f"{'>=10us calls/unit':>17} {'>=10us us/unit':>14}")
     lines = [header]
     for label, argv, env, units, unit in cases:
@@ -566,10 +570,10 @@ def call_profile(bench, bins, s, only):
                 continue
             t = timed[fn]
             in_calls_us += float(t["total_us"])
-            lines.append(f"{label:<34} {fn:<22} {int(t['calls']) / units:>10.2f} {float(t['total_us']) / units:>9.2f} "
+            lines.append(f"{label:<50} {fn:<22} {int(t['calls']) / units:>10.2f} {float(t['total_us']) / units:>9.2f} "
                          f"{float(t['p50_us']):>8.2f} {float(t['p99_us']):>8.2f} "
                          f"{int(t['slow_calls']) / units:>17.2f} {float(t['slow_us']) / units:>14.2f}")
-        summary = f"{label:<34} all timed calls: {in_calls_us / units:.2f} us per {unit}"
+        summary = f"{label:<50} all timed calls: {in_calls_us / units:.2f} us per {unit}"
         if unit == "step":
             mean = re.search(r"^mean_step_ms ([0-9.]+)", result.err, re.M)
             if mean:

@@ -60,10 +60,15 @@ unsigned long long mismatches(const std::uint32_t* buf, size_t n, std::uint32_t 
   return out;
 }
 
+// Where the block freed behind a late writer is used again.
+enum class Reuse { nonblocking, blocking, legacy };
+
 // cudaFree while a kernel on another stream (non-blocking, or blocking) still writes the block:
 // the free must wait (natively it synchronizes the device), or the reallocated block gets the
-// late writes.
-void free_while_kernel_runs(unsigned int flags, const char* label) {
+// late writes. The new block is written on a stream made after the cudaMalloc (non-blocking or
+// blocking) or on stream 0: poolshim's legacy_reuse (mode ordered) orders each of them behind
+// the legacy stream, which waits for every blocking writer.
+void free_while_kernel_runs(unsigned int flags, Reuse reuse, const char* label) {
   const size_t n = size_t{16} << 20;  // 64 MiB
   cudaStream_t s;
   CHECK_CUDA(cudaStreamCreateWithFlags(&s, flags));
@@ -76,17 +81,47 @@ void free_while_kernel_runs(unsigned int flags, const char* label) {
     CHECK_CUDA(cudaFree(a));
     std::uint32_t* b = nullptr;
     CHECK_CUDA(cudaMalloc(&b, n * 4));
-    cudaStream_t t;
-    CHECK_CUDA(cudaStreamCreateWithFlags(&t, cudaStreamNonBlocking));
+    cudaStream_t t = nullptr;  // stream 0 for Reuse::legacy
+    if (reuse != Reuse::legacy) {
+      CHECK_CUDA(cudaStreamCreateWithFlags(
+          &t, reuse == Reuse::nonblocking ? cudaStreamNonBlocking : cudaStreamDefault));
+    }
     fill<<<264, 256, 0, t>>>(b, n, 0x11111111u);
     CHECK_CUDA(cudaStreamSynchronize(t));
     CHECK_CUDA(cudaDeviceSynchronize());
     corrupted += mismatches(b, n, 0x11111111u, t);
     CHECK_CUDA(cudaFree(b));
-    CHECK_CUDA(cudaStreamDestroy(t));
+    if (t != nullptr) CHECK_CUDA(cudaStreamDestroy(t));
   }
   std::printf("free_while_kernel_runs_%s: corrupted=%llu\n", label, corrupted);
   CHECK_CUDA(cudaStreamDestroy(s));
+}
+
+// A non-blocking stream destroyed while its kernel still writes a block, which is then freed
+// and allocated again and written on a blocking stream: no non-blocking stream exists at the
+// free, but the destroyed one's work must still be waited for.
+void free_after_writer_stream_destroyed() {
+  const size_t n = size_t{16} << 20;
+  unsigned long long corrupted = 0;
+  for (int round = 0; round < 5; ++round) {
+    cudaStream_t w, t;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&w, cudaStreamNonBlocking));
+    std::uint32_t* a = nullptr;
+    CHECK_CUDA(cudaMalloc(&a, n * 4));
+    late_fill<<<264, 256, 0, w>>>(a, n, 0xDDDDDDDDu, 20000000ULL);
+    CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaStreamDestroy(w));  // returns at once; the kernel runs on
+    CHECK_CUDA(cudaFree(a));
+    std::uint32_t* b = nullptr;
+    CHECK_CUDA(cudaMalloc(&b, n * 4));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&t, cudaStreamDefault));
+    fill<<<264, 256, 0, t>>>(b, n, 0x44444444u);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    corrupted += mismatches(b, n, 0x44444444u, t);
+    CHECK_CUDA(cudaFree(b));
+    CHECK_CUDA(cudaStreamDestroy(t));
+  }
+  std::printf("free_after_writer_stream_destroyed: corrupted=%llu\n", corrupted);
 }
 
 // cudaMallocAsync/cudaFreeAsync on two streams: a block freed on s1 behind a late kernel may
@@ -174,8 +209,11 @@ void detector_self_check() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  free_while_kernel_runs(cudaStreamNonBlocking, "nonblocking");
-  free_while_kernel_runs(cudaStreamDefault, "blocking");
+  free_while_kernel_runs(cudaStreamNonBlocking, Reuse::nonblocking, "nonblocking");
+  free_while_kernel_runs(cudaStreamDefault, Reuse::nonblocking, "blocking");
+  free_while_kernel_runs(cudaStreamDefault, Reuse::blocking, "blocking_then_blocking");
+  free_while_kernel_runs(cudaStreamDefault, Reuse::legacy, "blocking_then_stream_0");
+  free_after_writer_stream_destroyed();
   async_two_streams();
   default_stream_checksum();
   if (argc > 1 && std::string_view(argv[1]) == "selfcheck") detector_self_check();

@@ -243,7 +243,10 @@ class Suite:
                         d = exit_device(logs[0])[1]
                         if mode == "ordered":
                             expect(d["ordered_frees"] > 0, f"no ordered free: {d}")
-                        return f"ordered frees {d['ordered_frees']} of {d['frees']}\n" + shim.out
+                            # The cases behind blocking writers ran through legacy_reuse's barrier.
+                            expect(d.get("legacy_reuses", 0) > 0, f"no legacy-barrier reuse: {d}")
+                        return (f"ordered frees {d['ordered_frees']} of {d['frees']}, legacy-barrier reuses "
+                                f"{d.get('legacy_reuses')}\n" + shim.out)
                     self.case(f"{variant}, free mode {mode} [{runtime}]", kernels)
 
         def selfcheck():

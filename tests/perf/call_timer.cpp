@@ -57,9 +57,12 @@ struct Timing {
 };
 
 enum Fn { kMalloc, kFree, kMallocAsync, kFreeAsync, kStreamSync, kDeviceSync, kFns };
-Timing timings[kFns] = {{"cudaMalloc"},      {"cudaFree"},
-                        {"cudaMallocAsync"}, {"cudaFreeAsync"},
-                        {"cudaStreamSynchronize"}, {"cudaDeviceSynchronize"}};
+Timing timings[kFns] = {{"cudaMalloc"},
+                        {"cudaFree"},
+                        {"cudaMallocAsync"},
+                        {"cudaFreeAsync"},
+                        {"cudaStreamSynchronize"},
+                        {"cudaDeviceSynchronize"}};
 std::uint64_t slow_threshold_ns = 10000;
 
 void* find_next(const char* name) {

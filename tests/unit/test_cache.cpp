@@ -239,6 +239,135 @@ TEST_CASE(
   CHECK(d.calls("cuMemAllocFromPoolAsync") == 1);
 }
 
+namespace {
+
+// Free mode ordered with stream creation seen and no stream listed; device 0 current.
+struct LegacyRig : Rig {
+  StreamRegistry streams;
+  explicit LegacyRig(Config c = ordered_config()) : Rig(1, 64 * MiB, std::move(c)) {
+    streams.mark_observed();
+    router.set_stream_registry(&streams);
+    d.make_current(0);
+  }
+  // A non-blocking stream made and listed as the shim's stream hook does.
+  StreamRegistry::Entry list_stream() {
+    StreamRegistry::Entry e{make_stream(d), 0, nullptr};
+    REQUIRE(d.api.cuEventCreate(&e.event, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+    streams.add(e);
+    router.after_stream_listed(e);
+    return e;
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "cache: legacy_reuse: without a non-blocking stream an ordered cudaFree's block serves the "
+    "next cudaMalloc at once, behind one event recorded on the legacy stream") {
+  LegacyRig rig;
+  RealStub real;
+  void* p = cached_block(rig.router, 1000, real);
+  CHECK(rig.d.calls("cuEventRecord") == 0);  // the free itself records nothing
+  CHECK(sync_alloc(rig.router, 0, 1000, real) == p);
+  CHECK(rig.d.calls("cuEventRecord") == 1);  // the barrier on the legacy stream, no fence
+  CHECK(rig.d.calls("cuStreamWaitEvent") == 0);
+  CHECK(rig.d.calls("cuEventQuery") == 0);
+  const DeviceSnapshot s = rig.router.snapshot(0);
+  CHECK(s.stats.legacy_reuses == 1);
+  CHECK(s.stats.cache_hits == 1);
+  CHECK(s.stats.fences == 0);
+}
+
+TEST_CASE("cache: legacy_reuse=0: an ordered cudaFree's block waits for a fence as before") {
+  Config c = ordered_config();
+  c.legacy_reuse = false;
+  LegacyRig rig(c);
+  RealStub real;
+  void* p = cached_block(rig.router, 1000, real);
+  CHECK(sync_alloc(rig.router, 0, 1000, real) == p);  // the double's fence completes at once
+  const DeviceSnapshot s = rig.router.snapshot(0);
+  CHECK(s.stats.legacy_reuses == 0);
+  CHECK(s.stats.fences == 1);
+}
+
+TEST_CASE(
+    "cache: legacy_reuse: a block cudaFree'd while a non-blocking stream exists never takes the "
+    "legacy shortcut") {
+  LegacyRig rig;
+  const StreamRegistry::Entry e = rig.list_stream();
+  RealStub real;
+  void* p = cached_block(rig.router, 1000, real);
+  StreamRegistry::Entry removed;
+  REQUIRE(rig.streams.remove(e.stream, &removed));  // gone before the next cudaMalloc
+  CHECK(sync_alloc(rig.router, 0, 1000, real) == p);
+  const DeviceSnapshot s = rig.router.snapshot(0);
+  CHECK(s.stats.legacy_reuses == 0);
+  CHECK(s.stats.fences == 1);
+}
+
+TEST_CASE(
+    "cache: legacy_reuse: after a non-blocking stream is destroyed, cudaFree'd blocks wait for a "
+    "fence that covers its last work") {
+  LegacyRig rig;
+  RealStub real;
+  void* p = sync_alloc(rig.router, 0, 1000, real);  // may be used on the stream below
+  const StreamRegistry::Entry e = rig.list_stream();
+  StreamRegistry::Entry removed;
+  REQUIRE(rig.streams.remove(e.stream, &removed, [&](const StreamRegistry::Entry& x) {
+    rig.router.wait_for_stream_at_destroy(x);
+  }));
+  rig.router.free_sync(p, 0, real);  // no stream listed any more
+  CHECK(sync_alloc(rig.router, 0, 1000, real) == p);
+  DeviceSnapshot s = rig.router.snapshot(0);
+  CHECK(s.stats.legacy_reuses == 0);
+  CHECK(s.stats.fences == 1);
+  // That fence covered the destroyed stream: blocks freed from now on take the shortcut.
+  void* q = cached_block(rig.router, 5000, real);
+  CHECK(sync_alloc(rig.router, 0, 5000, real) == q);
+  s = rig.router.snapshot(0);
+  CHECK(s.stats.legacy_reuses == 1);
+  CHECK(s.stats.fences == 1);
+}
+
+TEST_CASE(
+    "cache: legacy_reuse: while a non-blocking stream exists, cudaMalloc takes no block behind "
+    "the barrier but cudaMallocAsync on stream 0 does") {
+  LegacyRig rig;
+  RealStub real;
+  void* p = sync_alloc(rig.router, 0, 1000, real);
+  void* q = sync_alloc(rig.router, 0, 70000, real);
+  rig.router.free_sync(p, 0, real);  // both kept behind the legacy barrier, no fence yet
+  rig.router.free_sync(q, 0, real);
+  rig.list_stream();
+  // cudaMallocAsync on the legacy stream: the allocation's users are ordered behind that stream.
+  CHECK(async_alloc(rig.router, 0, 1000, CU_STREAM_LEGACY, real) == p);
+  CHECK(rig.router.snapshot(0).stats.legacy_reuses == 1);
+  CHECK(rig.router.snapshot(0).stats.fences == 0);
+  // cudaMalloc's block may be used on the new stream, which that stream does not order: it
+  // waits for a fence (the double's completes at once).
+  CHECK(sync_alloc(rig.router, 0, 70000, real) == q);
+  CHECK(rig.router.snapshot(0).stats.legacy_reuses == 1);
+  CHECK(rig.router.snapshot(0).stats.fences == 1);
+}
+
+TEST_CASE(
+    "cache: legacy_reuse: only after a barrier handout does a new non-blocking stream first wait "
+    "for the legacy stream") {
+  LegacyRig rig;
+  RealStub real;
+  const StreamRegistry::Entry e = rig.list_stream();  // no handout yet: nothing recorded
+  CHECK(rig.d.calls("cuEventRecord") == 0);
+  StreamRegistry::Entry removed;
+  REQUIRE(rig.streams.remove(e.stream, &removed));
+  void* p = cached_block(rig.router, 1000, real);
+  CHECK(sync_alloc(rig.router, 0, 1000, real) == p);  // the handout: one record
+  REQUIRE(rig.d.calls("cuEventRecord") == 1);
+  rig.list_stream();
+  CHECK(rig.d.calls("cuEventRecord") == 2);  // on the legacy stream, for the new stream
+  CHECK(rig.d.calls("cuEventQuery") == 1);   // complete at once in the double: no wait needed
+  CHECK(rig.d.calls("cuStreamWaitEvent") == 0);
+}
+
 TEST_CASE("cache: out of memory gives the cached blocks back to the pool before the retry") {
   Rig rig(1, 64 * MiB, with_cache(64 * MiB));
   auto& [d, config, events, router] = rig;
