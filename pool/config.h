@@ -53,7 +53,7 @@ namespace poolshim {
     "Free mode ordered: a block cudaFree'd while its device has no non-blocking stream serves "    \
     "the next cudaMalloc (while there is still none) or cudaMallocAsync on stream 0 at once, "     \
     "behind an event recorded on the legacy default stream, which every blocking stream then "     \
-    "waits for; non-blocking streams made later first wait for that stream too. 0: the block "     \
+    "waits for; non-blocking streams made later first wait for its last such event. 0: the block " \
     "waits for a fence, as other reuse across streams does.")                                      \
   X(oom_retry, Bool, "1",                                                                          \
     "On out-of-memory, synchronize, trim the pool's unused memory and retry once.")                \

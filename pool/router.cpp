@@ -227,14 +227,12 @@ bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Allo
   const bool legacy = config_.legacy_reuse && registry_ != nullptr && !registry_->any_listed();
   if (take_cached(*pool, bytes, nullptr, &cached, legacy ? kBehindLegacyBarrier : nullptr)) {
     // Ready for every stream when its fence completed; otherwise every stream that may use it
-    // is ordered behind the legacy stream from the barrier on (a non-blocking stream listed
-    // meanwhile is not: then the device is synchronized instead, a fence).
-    if (cached.stream == kBehindLegacyBarrier && cached.ready_at > pool->fences().completed()) {
-      if (legacy_barrier_allowed(*pool)) {
-        legacy_barrier(*pool);
-      } else {
-        synchronize_as_fence(*pool);
-      }
+    // is ordered behind the legacy stream from the barrier on. A non-blocking stream listed
+    // before the barrier's record may have missed it (after_stream_listed waits for the last
+    // record): then the device is synchronized instead, a fence.
+    if (cached.stream == kBehindLegacyBarrier && cached.ready_at > pool->fences().completed() &&
+        !(legacy_barrier_allowed(*pool) && legacy_barrier(*pool) && !registry_->any_listed())) {
+      synchronize_as_fence(*pool);
     }
     ptr = cached.ptr;
     capacity = cached.capacity;
@@ -274,8 +272,9 @@ bool Router::allocate_async(int device, std::size_t bytes, CUstream stream, CUde
   // is recorded: the allocation's users are ordered behind the legacy stream's work from there.
   const bool legacy = affinity == CU_STREAM_LEGACY && config_.legacy_reuse;
   if (take_cached(*pool, bytes, affinity, &cached, legacy ? kBehindLegacyBarrier : nullptr)) {
-    if (cached.stream == kBehindLegacyBarrier && cached.ready_at > pool->fences().completed()) {
-      legacy_barrier(*pool);
+    if (cached.stream == kBehindLegacyBarrier && cached.ready_at > pool->fences().completed() &&
+        !legacy_barrier(*pool)) {
+      synchronize_as_fence(*pool);
     }
     ptr = cached.ptr;
     capacity = cached.capacity;
@@ -470,15 +469,12 @@ bool Router::legacy_barrier_allowed(DevicePool& pool) {
   return !registry_->any_listed() && unordered_reason(pool) == nullptr;
 }
 
-void Router::legacy_barrier(DevicePool& pool) {
+bool Router::legacy_barrier(DevicePool& pool) {
   // The pool's context is current (adopt_context). Work on the legacy stream waits for every
   // blocking stream's earlier work, and every blocking stream's later work waits for it.
-  if (driver_.cuEventRecord(pool.legacy_event(), CU_STREAM_LEGACY) == CUDA_SUCCESS) {
-    stats(pool.ordinal()).bump(&CounterShard::legacy_reuses);
-    return;
-  }
-  // No record (a faulted context runs no more work): a synchronization orders everything.
-  synchronize_as_fence(pool);
+  if (driver_.cuEventRecord(pool.legacy_event(), CU_STREAM_LEGACY) != CUDA_SUCCESS) return false;
+  stats(pool.ordinal()).bump(&CounterShard::legacy_reuses);
+  return true;
 }
 
 bool Router::legacy_affinity_for_free(DevicePool& pool) const {
@@ -492,13 +488,11 @@ bool Router::legacy_affinity_for_free(DevicePool& pool) const {
 void Router::after_stream_listed(const StreamRegistry::Entry& entry) {
   DevicePool* pool = valid_device(entry.device) ? existing_pool(entry.device) : nullptr;
   if (pool == nullptr || !pool->legacy_handouts.load(std::memory_order_seq_cst)) return;
-  ScopedContext ctx(driver_, pool->context());
-  // A later record of the same event (an ordered free's) only waits for more. A failed record
-  // means a faulted context, where no work runs any more.
-  if (driver_.cuEventRecord(pool->legacy_event(), CU_STREAM_LEGACY) != CUDA_SUCCESS) return;
-  if (driver_.cuEventQuery(pool->legacy_event()) == CUDA_ERROR_NOT_READY) {
-    driver_.cuStreamWaitEvent(entry.stream, pool->legacy_event(), 0);
-  }
+  // The event's last record is behind every block handed out before it (a handout records
+  // after taking its block, and one that records after this wait sees the stream listed and
+  // synchronizes instead). Nothing is recorded here: a capture may be in progress elsewhere,
+  // and the legacy stream must not gain work then.
+  driver_.cuStreamWaitEvent(entry.stream, pool->legacy_event(), 0);
 }
 
 CUresult Router::allocate_from_pool(DevicePool& pool, std::size_t bytes, CUstream stream,

@@ -128,8 +128,8 @@ class Router {
   /// After the stream left the list: its event goes.
   void release_stream_event(const StreamRegistry::Entry& entry);
   /// A non-blocking stream was listed. If a cudaMalloc was ever served behind a legacy barrier
-  /// (legacy_reuse), the stream first waits for the legacy default stream's work so far, which
-  /// orders it behind every such block's earlier users. No host stall.
+  /// (legacy_reuse), the stream first waits for the last barrier, which orders it behind every
+  /// such block's earlier users. No host stall, nothing recorded.
   void after_stream_listed(const StreamRegistry::Entry& entry);
   /// Memory the device's pool holds but has not handed out.
   std::uint64_t unused_bytes(int device) const;
@@ -202,8 +202,8 @@ class Router {
   /// that a non-blocking stream listed meanwhile waits (after_stream_listed).
   bool legacy_barrier_allowed(DevicePool& pool);
   /// The barrier: an event recorded on the legacy default stream after the block's free, which
-  /// every blocking stream's later work waits for. A synchronization when it cannot be recorded.
-  void legacy_barrier(DevicePool& pool);
+  /// every blocking stream's later work waits for. False when it could not be recorded.
+  bool legacy_barrier(DevicePool& pool);
   /// legacy_reuse, cudaFree's side (mode ordered): whether a block freed now may be cached with
   /// the legacy stream's shortcut.
   bool legacy_affinity_for_free(DevicePool& pool) const;

@@ -355,17 +355,17 @@ TEST_CASE(
     "for the legacy stream") {
   LegacyRig rig;
   RealStub real;
-  const StreamRegistry::Entry e = rig.list_stream();  // no handout yet: nothing recorded
-  CHECK(rig.d.calls("cuEventRecord") == 0);
+  const StreamRegistry::Entry e = rig.list_stream();  // no handout yet: no wait
+  CHECK(rig.d.calls("cuStreamWaitEvent") == 0);
   StreamRegistry::Entry removed;
   REQUIRE(rig.streams.remove(e.stream, &removed));
   void* p = cached_block(rig.router, 1000, real);
   CHECK(sync_alloc(rig.router, 0, 1000, real) == p);  // the handout: one record
   REQUIRE(rig.d.calls("cuEventRecord") == 1);
   rig.list_stream();
-  CHECK(rig.d.calls("cuEventRecord") == 2);  // on the legacy stream, for the new stream
-  CHECK(rig.d.calls("cuEventQuery") == 1);   // complete at once in the double: no wait needed
-  CHECK(rig.d.calls("cuStreamWaitEvent") == 0);
+  CHECK(rig.d.calls("cuStreamWaitEvent") == 1);  // the new stream waits for that record
+  CHECK(rig.d.calls("cuEventRecord") == 1);      // and records nothing
+  CHECK(rig.d.calls("cuEventQuery") == 0);
 }
 
 TEST_CASE("cache: out of memory gives the cached blocks back to the pool before the retry") {
