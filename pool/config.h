@@ -49,12 +49,12 @@ namespace poolshim {
   X(cache_age_ms, Milliseconds, "1000",                                                            \
     "A cached block not reused for this long goes back to the pool (checked every tick of the "    \
     "background thread); 0 keeps blocks until idle_trim_ms, out-of-memory or the limit.")          \
-  X(legacy_reuse, Bool, "1",                                                                       \
-    "Free mode ordered: a block cudaFree'd while its device has no non-blocking stream serves "    \
+  X(legacy_reuse, Bool, "0",                                                                       \
+    "Free mode ordered, 1: a block cudaFree'd while its device has no non-blocking stream serves " \
     "the next cudaMalloc (while there is still none) or cudaMallocAsync on stream 0 at once, "     \
     "behind an event recorded on the legacy default stream, which every blocking stream then "     \
     "waits for; non-blocking streams made later first wait for its last such event. 0: the block " \
-    "waits for a fence, as other reuse across streams does.")                                      \
+    "waits for a fence, as other reuse across streams does (each barrier costs a driver call).")   \
   X(oom_retry, Bool, "1",                                                                          \
     "On out-of-memory, synchronize, trim the pool's unused memory and retry once.")                \
   X(limit, Size, "0",                                                                              \

@@ -537,8 +537,8 @@ def call_profile(bench, bins, s, only):
                    s.torch_steps, "step")
                   for name, env in ((bt.TORCH_UNCACHED, None), (bt.TORCH_UNCACHED_SYNC, shim_env("sync")),
                                     (bt.TORCH_UNCACHED_ORDERED, shim_env("ordered")),
-                                    (bt.TORCH_UNCACHED_ORDERED + ", legacy_reuse 0",
-                                     shim_env("ordered", POOLSHIM_LEGACY_REUSE="0")))]
+                                    (bt.TORCH_UNCACHED_ORDERED + ", legacy_reuse 1",
+                                     shim_env("ordered", POOLSHIM_LEGACY_REUSE="1")))]
     header = (f"{'run':<50} {'function':<22} {'calls/unit':>10} {'us/unit':>9} {'p50 us':>8} {'p99 us':>8} "
               f"{'>=10us calls/unit':>17} {'>=10us us/unit':>14}")
     lines = [header]
@@ -574,6 +574,14 @@ def call_profile(bench, bins, s, only):
                          f"{float(t['p50_us']):>8.2f} {float(t['p99_us']):>8.2f} "
                          f"{int(t['slow_calls']) / units:>17.2f} {float(t['slow_us']) / units:>14.2f}")
         summary = f"{label:<50} all timed calls: {in_calls_us / units:.2f} us per {unit}"
+        if shim:
+            try:
+                pool = bench.pool_figures(folder)
+                lines.append(f"{label:<50} pool: reserved peak {poolshim_log.fmt_bytes(pool['reserved_bytes_peak'])}, "
+                             f"cache hits {pool.get('cache_hits')} misses {pool.get('cache_misses')}, legacy-barrier "
+                             f"reuses {pool.get('legacy_reuses')}, fences {pool.get('fences')}")
+            except Broken as e:
+                lines.append(f"{label:<50} pool: no figures ({e})")
         if unit == "step":
             mean = re.search(r"^mean_step_ms ([0-9.]+)", result.err, re.M)
             if mean:

@@ -231,20 +231,21 @@ class Suite:
                 self.case(f"dlsym keeps native semantics [{runtime}]", dlsym_semantics)
 
             for variant in ("kernels_diff", "kernels_diff_ptds"):
-                for mode in ("sync", "ordered"):
+                for mode in ("sync", "ordered", "ordered+legacy_reuse"):
                     def kernels(runtime=runtime, check=check, variant=variant, mode=mode):
+                        legacy = mode.endswith("+legacy_reuse")
                         native, shim, logs = self.differential(
-                            f"{variant}-{mode}-{runtime}", [self.binary(variant, runtime), "fault"],
-                            {"POOLSHIM_FREE": mode})
+                            f"{variant}-{mode.replace('+', '-')}-{runtime}", [self.binary(variant, runtime), "fault"],
+                            {"POOLSHIM_FREE": mode.split("+")[0], "POOLSHIM_LEGACY_REUSE": "1" if legacy else "0"})
                         for line in shim.out.splitlines():
                             if "corrupted=" in line:
                                 expect_equal(parse_fields(line)["corrupted"], "0", line)
                         ex = check(logs)
                         d = exit_device(logs[0])[1]
-                        if mode == "ordered":
+                        if mode != "sync":
                             expect(d["ordered_frees"] > 0, f"no ordered free: {d}")
-                            # The cases behind blocking writers ran through legacy_reuse's barrier.
-                            expect(d.get("legacy_reuses", 0) > 0, f"no legacy-barrier reuse: {d}")
+                        # With legacy_reuse the cases behind blocking writers ran through its barrier.
+                        expect((d.get("legacy_reuses", 0) > 0) == legacy, f"legacy-barrier reuses: {d}")
                         return (f"ordered frees {d['ordered_frees']} of {d['frees']}, legacy-barrier reuses "
                                 f"{d.get('legacy_reuses')}\n" + shim.out)
                     self.case(f"{variant}, free mode {mode} [{runtime}]", kernels)

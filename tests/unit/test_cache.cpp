@@ -242,9 +242,15 @@ TEST_CASE(
 namespace {
 
 // Free mode ordered with stream creation seen and no stream listed; device 0 current.
+Config legacy_reuse_config() {
+  Config c = ordered_config();
+  c.legacy_reuse = true;
+  return c;
+}
+
 struct LegacyRig : Rig {
   StreamRegistry streams;
-  explicit LegacyRig(Config c = ordered_config()) : Rig(1, 64 * MiB, std::move(c)) {
+  explicit LegacyRig(Config c = legacy_reuse_config()) : Rig(1, 64 * MiB, std::move(c)) {
     streams.mark_observed();
     router.set_stream_registry(&streams);
     d.make_current(0);
@@ -278,10 +284,8 @@ TEST_CASE(
   CHECK(s.stats.fences == 0);
 }
 
-TEST_CASE("cache: legacy_reuse=0: an ordered cudaFree's block waits for a fence as before") {
-  Config c = ordered_config();
-  c.legacy_reuse = false;
-  LegacyRig rig(c);
+TEST_CASE("cache: legacy_reuse=0 (the default): an ordered cudaFree's block waits for a fence") {
+  LegacyRig rig(ordered_config());
   RealStub real;
   void* p = cached_block(rig.router, 1000, real);
   CHECK(sync_alloc(rig.router, 0, 1000, real) == p);  // the double's fence completes at once
