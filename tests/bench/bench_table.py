@@ -45,7 +45,6 @@ TORCH_UNCACHED = "uncached"
 TORCH_UNCACHED_SYNC = "uncached + shim sync"
 TORCH_UNCACHED_ORDERED = "uncached + shim ordered"
 # The memory side of the cache: the same run with the cache held to 256 MiB (POOLSHIM_CACHE).
-TORCH_UNCACHED_ORDERED_SMALL = "uncached + shim ordered, cache 256M"
 LOG_OFF = "log off"
 LOG_100MS = "log 100 ms"
 BACKTRACE_8 = "backtrace 8"

@@ -226,7 +226,7 @@ def make_workloads(s, bins, only):
     group = bt.Group(bt.TORCH, "torch", "step_ms", f"median ms per training step (tests/gpu/torch_train.py), {s.torch_steps} steps after {s.torch_warmup} warm-up",
                      bt.TORCH_CACHING, bt.THIS_OVER_BASE,
                      [bt.TORCH_CACHING, bt.TORCH_ASYNC_BACKEND, bt.TORCH_UNCACHED, bt.TORCH_UNCACHED_SYNC,
-                      bt.TORCH_UNCACHED_ORDERED, bt.TORCH_UNCACHED_ORDERED_SMALL],
+                      bt.TORCH_UNCACHED_ORDERED],
                      extras=(("peak_reserved_mb", "peak reserved MB", 0),))
     parse = torch_parser(bt.TORCH)
     out.append(Workload("torch", [group], [
@@ -237,10 +237,7 @@ def make_workloads(s, bins, only):
         Run(bt.TORCH_UNCACHED_SYNC, bt.TORCH_UNCACHED_SYNC, torch_train, dict(uncached, **shim_env("sync")), parse,
             shim=True, peak_from="log", losses=True),
         Run(bt.TORCH_UNCACHED_ORDERED, bt.TORCH_UNCACHED_ORDERED, torch_train,
-            dict(uncached, **shim_env("ordered")), parse, shim=True, peak_from="log", losses=True),
-        Run(bt.TORCH_UNCACHED_ORDERED_SMALL, bt.TORCH_UNCACHED_ORDERED_SMALL, torch_train,
-            dict(uncached, **shim_env("ordered", POOLSHIM_CACHE="256M")), parse, shim=True, peak_from="log",
-            losses=True)],
+            dict(uncached, **shim_env("ordered")), parse, shim=True, peak_from="log", losses=True)],
         s.torch_rounds))
 
     observe = [bt.LOG_OFF, bt.LOG_100MS, bt.BACKTRACE_8]
