@@ -255,6 +255,12 @@ struct LegacyRig : Rig {
     router.set_stream_registry(&streams);
     d.make_current(0);
   }
+  // The device's legacy-barrier reuses and event fences so far.
+  void check_reuses(std::uint64_t legacy_reuses, std::uint64_t fences) {
+    const DeviceSnapshot s = router.snapshot(0);
+    CHECK(s.stats.legacy_reuses == legacy_reuses);
+    CHECK(s.stats.fences == fences);
+  }
   // A non-blocking stream made and listed as the shim's stream hook does.
   StreamRegistry::Entry list_stream() {
     StreamRegistry::Entry e{make_stream(d), 0, nullptr};
@@ -278,10 +284,8 @@ TEST_CASE(
   CHECK(rig.d.calls("cuEventRecord") == 1);  // the barrier on the legacy stream, no fence
   CHECK(rig.d.calls("cuStreamWaitEvent") == 0);
   CHECK(rig.d.calls("cuEventQuery") == 0);
-  const DeviceSnapshot s = rig.router.snapshot(0);
-  CHECK(s.stats.legacy_reuses == 1);
-  CHECK(s.stats.cache_hits == 1);
-  CHECK(s.stats.fences == 0);
+  rig.check_reuses(1, 0);
+  CHECK(rig.router.snapshot(0).stats.cache_hits == 1);
 }
 
 TEST_CASE("cache: legacy_reuse=0 (the default): an ordered cudaFree's block waits for a fence") {
@@ -289,9 +293,7 @@ TEST_CASE("cache: legacy_reuse=0 (the default): an ordered cudaFree's block wait
   RealStub real;
   void* p = cached_block(rig.router, 1000, real);
   CHECK(sync_alloc(rig.router, 0, 1000, real) == p);  // the double's fence completes at once
-  const DeviceSnapshot s = rig.router.snapshot(0);
-  CHECK(s.stats.legacy_reuses == 0);
-  CHECK(s.stats.fences == 1);
+  rig.check_reuses(0, 1);
 }
 
 TEST_CASE(
@@ -304,9 +306,7 @@ TEST_CASE(
   StreamRegistry::Entry removed;
   REQUIRE(rig.streams.remove(e.stream, &removed));  // gone before the next cudaMalloc
   CHECK(sync_alloc(rig.router, 0, 1000, real) == p);
-  const DeviceSnapshot s = rig.router.snapshot(0);
-  CHECK(s.stats.legacy_reuses == 0);
-  CHECK(s.stats.fences == 1);
+  rig.check_reuses(0, 1);
 }
 
 TEST_CASE(
@@ -322,15 +322,11 @@ TEST_CASE(
   }));
   rig.router.free_sync(p, 0, real);  // no stream listed any more
   CHECK(sync_alloc(rig.router, 0, 1000, real) == p);
-  DeviceSnapshot s = rig.router.snapshot(0);
-  CHECK(s.stats.legacy_reuses == 0);
-  CHECK(s.stats.fences == 1);
+  rig.check_reuses(0, 1);
   // That fence covered the destroyed stream: blocks freed from now on take the shortcut.
   void* q = cached_block(rig.router, 5000, real);
   CHECK(sync_alloc(rig.router, 0, 5000, real) == q);
-  s = rig.router.snapshot(0);
-  CHECK(s.stats.legacy_reuses == 1);
-  CHECK(s.stats.fences == 1);
+  rig.check_reuses(1, 1);
 }
 
 TEST_CASE(
@@ -345,13 +341,11 @@ TEST_CASE(
   rig.list_stream();
   // cudaMallocAsync on the legacy stream: the allocation's users are ordered behind that stream.
   CHECK(async_alloc(rig.router, 0, 1000, CU_STREAM_LEGACY, real) == p);
-  CHECK(rig.router.snapshot(0).stats.legacy_reuses == 1);
-  CHECK(rig.router.snapshot(0).stats.fences == 0);
+  rig.check_reuses(1, 0);
   // cudaMalloc's block may be used on the new stream, which that stream does not order: it
   // waits for a fence (the double's completes at once).
   CHECK(sync_alloc(rig.router, 0, 70000, real) == q);
-  CHECK(rig.router.snapshot(0).stats.legacy_reuses == 1);
-  CHECK(rig.router.snapshot(0).stats.fences == 1);
+  rig.check_reuses(1, 1);
 }
 
 TEST_CASE(
