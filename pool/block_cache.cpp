@@ -20,13 +20,8 @@ void BlockCache::erase(Class& c, std::uint32_t i) {
 }
 
 void BlockCache::note_added(const CachedBlock& b, std::uint64_t now) {
-  std::uint64_t peak = peak_bytes_.load(std::memory_order_relaxed);
-  while (now > peak && !peak_bytes_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
-  }
-  std::uint64_t seen = newest_ready_at_.load(std::memory_order_relaxed);
-  while (b.ready_at > seen &&
-         !newest_ready_at_.compare_exchange_weak(seen, b.ready_at, std::memory_order_relaxed)) {
-  }
+  raise_to(peak_bytes_, now);
+  raise_to(newest_ready_at_, b.ready_at);
 }
 
 bool BlockCache::take(std::uint64_t bytes, CUstream stream, std::uint64_t completed,

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "atomic_max.h"
 #include "spin_lock.h"
 
 namespace poolshim {
@@ -49,12 +50,7 @@ class FenceClock {
   std::uint64_t start() { return issued_.fetch_add(1, std::memory_order_acq_rel) + 1; }
   /// Fence `k` has completed (and with it every earlier one: a later fence covers all work
   /// an earlier one covers).
-  void complete(std::uint64_t k) {
-    std::uint64_t seen = completed_.load(std::memory_order_relaxed);
-    while (k > seen && !completed_.compare_exchange_weak(seen, k, std::memory_order_release,
-                                                         std::memory_order_relaxed)) {
-    }
-  }
+  void complete(std::uint64_t k) { raise_to(completed_, k, std::memory_order_release); }
   /// The fence that will cover a free made now: the next one to start.
   std::uint64_t next() const { return issued_.load(std::memory_order_acquire) + 1; }
   std::uint64_t completed() const { return completed_.load(std::memory_order_acquire); }

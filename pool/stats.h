@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "atomic_max.h"
+
 namespace poolshim {
 
 // X(name, meaning): monotonic totals since start (or since the device was reset).
@@ -96,12 +98,7 @@ struct Gauge {
   std::atomic<std::uint64_t> current{0};
   std::atomic<std::uint64_t> peak{0};
 
-  void add(std::uint64_t n) {
-    const std::uint64_t now = current.fetch_add(n, std::memory_order_relaxed) + n;
-    std::uint64_t seen = peak.load(std::memory_order_relaxed);
-    while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
-    }
-  }
+  void add(std::uint64_t n) { raise_to(peak, current.fetch_add(n, std::memory_order_relaxed) + n); }
   void sub(std::uint64_t n) { current.fetch_sub(n, std::memory_order_relaxed); }
 };
 
