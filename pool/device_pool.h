@@ -76,7 +76,7 @@ class DevicePool {
   /// The number of the event fence in flight, 0 when none (under fence_mutex()).
   std::uint64_t fence_in_flight = 0;
   /// A cudaMalloc has been served a block behind a barrier on the legacy default stream
-  /// (Router::take_behind_legacy_barrier): non-blocking streams made from now on first wait
+  /// (Router::legacy_barrier_allowed): non-blocking streams made from now on first wait
   /// for that stream. Never cleared.
   std::atomic<bool> legacy_handouts{false};
   /// cudaFree'd blocks may take the legacy stream's shortcut only once this fence has

@@ -226,14 +226,8 @@ bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Allo
   // A block cudaFree'd behind a legacy barrier may serve while no non-blocking stream exists.
   const bool legacy = config_.legacy_reuse && registry_ != nullptr && !registry_->any_listed();
   if (take_cached(*pool, bytes, nullptr, &cached, legacy ? kBehindLegacyBarrier : nullptr)) {
-    // Ready for every stream when its fence completed; otherwise every stream that may use it
-    // is ordered behind the legacy stream from the barrier on. A non-blocking stream listed
-    // before the barrier's record may have missed it (after_stream_listed waits for the last
-    // record): then the device is synchronized instead, a fence.
-    if (cached.stream == kBehindLegacyBarrier && cached.ready_at > pool->fences().completed() &&
-        !(legacy_barrier_allowed(*pool) && legacy_barrier(*pool) && !registry_->any_listed())) {
-      synchronize_as_fence(*pool);
-    }
+    // Ready for every stream when its fence completed; otherwise behind the legacy barrier.
+    order_behind_legacy_barrier(*pool, cached, true);
     ptr = cached.ptr;
     capacity = cached.capacity;
   } else {
@@ -272,10 +266,7 @@ bool Router::allocate_async(int device, std::size_t bytes, CUstream stream, CUde
   // is recorded: the allocation's users are ordered behind the legacy stream's work from there.
   const bool legacy = affinity == CU_STREAM_LEGACY && config_.legacy_reuse;
   if (take_cached(*pool, bytes, affinity, &cached, legacy ? kBehindLegacyBarrier : nullptr)) {
-    if (cached.stream == kBehindLegacyBarrier && cached.ready_at > pool->fences().completed() &&
-        !legacy_barrier(*pool)) {
-      synchronize_as_fence(*pool);
-    }
+    order_behind_legacy_barrier(*pool, cached, false);
     ptr = cached.ptr;
     capacity = cached.capacity;
   } else {
@@ -477,6 +468,18 @@ bool Router::legacy_barrier(DevicePool& pool) {
   return true;
 }
 
+void Router::order_behind_legacy_barrier(DevicePool& pool, const CachedBlock& b, bool any_stream) {
+  if (b.stream != kBehindLegacyBarrier || b.ready_at <= pool.fences().completed()) return;
+  // Every stream that may use the block is ordered behind the legacy stream from the barrier
+  // on. A cudaMalloc's block may be used on any stream: a non-blocking stream listed before
+  // the barrier's record may have missed it (after_stream_listed waits for the last record).
+  // Where the barrier cannot order the use, the device is synchronized instead, a fence.
+  const bool ordered =
+      any_stream ? legacy_barrier_allowed(pool) && legacy_barrier(pool) && !registry_->any_listed()
+                 : legacy_barrier(pool);
+  if (!ordered) synchronize_as_fence(pool);
+}
+
 bool Router::legacy_affinity_for_free(DevicePool& pool) const {
   // Called where ordered_free_possible() holds. Without a non-blocking stream, every stream
   // that may still use the block is a blocking one, which the legacy stream orders; a
@@ -628,11 +631,7 @@ void Router::wait_for_stream_at_destroy(const StreamRegistry::Entry& entry) {
   }
   // Blocks cudaFree'd from now on may have been used on this stream: no legacy shortcut for
   // them before the next fence, which is behind this wait.
-  const std::uint64_t next = pool->fences().next();
-  std::uint64_t seen = pool->legacy_reuse_after.load(std::memory_order_relaxed);
-  while (next > seen && !pool->legacy_reuse_after.compare_exchange_weak(
-                            seen, next, std::memory_order_release, std::memory_order_relaxed)) {
-  }
+  raise_to(pool->legacy_reuse_after, pool->fences().next(), std::memory_order_release);
 }
 
 void Router::release_stream_event(const StreamRegistry::Entry& entry) {

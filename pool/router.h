@@ -204,6 +204,10 @@ class Router {
   /// The barrier: an event recorded on the legacy default stream after the block's free, which
   /// every blocking stream's later work waits for. False when it could not be recorded.
   bool legacy_barrier(DevicePool& pool);
+  /// A block just taken from the cache: when it waits behind a legacy barrier (legacy_reuse) and
+  /// its fence has not completed, orders its new users behind its old ones (the barrier, or a
+  /// synchronization). `any_stream`: a cudaMalloc's block; otherwise one for the legacy stream.
+  void order_behind_legacy_barrier(DevicePool& pool, const CachedBlock& b, bool any_stream);
   /// legacy_reuse, cudaFree's side (mode ordered): whether a block freed now may be cached with
   /// the legacy stream's shortcut.
   bool legacy_affinity_for_free(DevicePool& pool) const;
