@@ -309,13 +309,21 @@ class Bench:
         figures["paths"] = ex.get("paths")
         return figures
 
-    def execute(self, workload, run, round_number):
-        folder = os.path.join(self.out, "logs", workload.name, f"r{round_number}-{slug(run.label)}")
+    def prepare(self, folder, extra, shim, preload=()):
+        """A run's own empty log folder and its environment: `extra` on top of the clean one,
+        `preload` libraries in front, then the shim (logging into the folder) when `shim`."""
         shutil.rmtree(folder, ignore_errors=True)
         os.makedirs(folder)
-        env = self.environment(run.env)
-        if run.shim:
-            env = with_shim(env, self.library, os.path.join(folder, "log-%p.jsonl"))
+        env = self.environment(extra)
+        if shim:
+            return with_shim(env, ":".join(list(preload) + [self.library]), os.path.join(folder, "log-%p.jsonl"))
+        if preload:
+            env["LD_PRELOAD"] = ":".join(preload)
+        return env
+
+    def execute(self, workload, run, round_number):
+        folder = os.path.join(self.out, "logs", workload.name, f"r{round_number}-{slug(run.label)}")
+        env = self.prepare(folder, run.env, run.shim)
         record = {"workload": workload.name, "label": run.label, "contender": run.contender, "round": round_number,
                   "argv": run.argv, "env": {k: v for k, v in run.env.items()}, "shim": run.shim}
         started = time.time()
@@ -421,17 +429,22 @@ class Bench:
             if r["workload"] == workload.name and r.get("pool") and r.get("groups"):
                 seen[r["label"]] = (r["groups"][-1], r["contender"], r["pool"])
         for group, contender, pool in seen.values():
-            text = (f"{contender}: pooled {pool['pooled_allocs']}, passed through {pool.get('passthrough_allocs')}, "
-                    f"reserved peak {poolshim_log.fmt_bytes(pool.get('reserved_bytes_peak'))}")
-            if pool.get("ordered_frees"):
-                text += f", ordered frees {pool['ordered_frees']} of {pool.get('frees')}"
-            if "cache_hits" in pool or "cached_bytes" in pool:
-                text += (f"; cache hits {pool.get('cache_hits', '?')}, misses {pool.get('cache_misses', '?')}, "
-                         f"cached {poolshim_log.fmt_bytes(pool.get('cached_bytes'))} at exit")
-                if pool.get("legacy_reuses") or pool.get("fences"):
-                    text += f"; legacy-barrier reuses {pool.get('legacy_reuses')}, fences {pool.get('fences')}"
-            notes.append((group, text))
+            notes.append((group, f"{contender}: {pool_summary(pool)}"))
         return notes
+
+
+def pool_summary(pool):
+    """One line of what a shim run's exit record says about its pool (Bench.pool_figures)."""
+    text = (f"pooled {pool['pooled_allocs']}, passed through {pool.get('passthrough_allocs')}, "
+            f"reserved peak {poolshim_log.fmt_bytes(pool.get('reserved_bytes_peak'))}")
+    if pool.get("ordered_frees"):
+        text += f", ordered frees {pool['ordered_frees']} of {pool.get('frees')}"
+    if "cache_hits" in pool or "cached_bytes" in pool:
+        text += (f"; cache hits {pool.get('cache_hits', '?')}, misses {pool.get('cache_misses', '?')}, "
+                 f"cached {poolshim_log.fmt_bytes(pool.get('cached_bytes'))} at exit")
+        if pool.get("legacy_reuses") or pool.get("fences"):
+            text += f"; legacy-barrier reuses {pool.get('legacy_reuses')}, fences {pool.get('fences')}"
+    return text
 
 
 # ---- building ------------------------------------------------------------------------------------
@@ -524,15 +537,14 @@ def call_profile(bench, bins, s, only):
         argv = [os.path.join(bins, "churn_bench"), "malloc", str(s.churn_iterations), "64", str(128 * MiB), "none",
                 str(s.churn_warmup)]
         cases += [(f"churn 64 live / {name}", argv, env, s.churn_iterations, "pair")
-                  for name, env in ((bt.NATIVE, None), (bt.SHIM_SYNC, shim_env("sync")),
+                  for name, env in ((bt.NATIVE, {}), (bt.SHIM_SYNC, shim_env("sync")),
                                     (bt.SHIM_ORDERED, shim_env("ordered")))]
     if "torch" in only:
         argv = [sys.executable, os.path.join(ROOT, "tests", "gpu", "torch_train.py"), str(s.torch_steps),
                 str(s.torch_warmup)]
         uncached = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
-        cases += [(f"torch / {name}", argv, dict(uncached, **(env or {})) if env is not None else uncached,
-                   s.torch_steps, "step")
-                  for name, env in ((bt.TORCH_UNCACHED, None), (bt.TORCH_UNCACHED_SYNC, shim_env("sync")),
+        cases += [(f"torch / {name}", argv, dict(uncached, **env), s.torch_steps, "step")
+                  for name, env in ((bt.TORCH_UNCACHED, {}), (bt.TORCH_UNCACHED_SYNC, shim_env("sync")),
                                     (bt.TORCH_UNCACHED_ORDERED, shim_env("ordered")),
                                     (bt.TORCH_UNCACHED_ORDERED + ", legacy_reuse 1",
                                      shim_env("ordered", POOLSHIM_LEGACY_REUSE="1")))]
@@ -540,15 +552,10 @@ def call_profile(bench, bins, s, only):
               f"{'>=10us calls/unit':>17} {'>=10us us/unit':>14}")
     lines = [header]
     for label, argv, env, units, unit in cases:
-        shim = env is not None and "POOLSHIM_FREE" in env
+        shim = "POOLSHIM_FREE" in env
         folder = os.path.join(bench.out, "logs", "profile", slug(label))
-        shutil.rmtree(folder, ignore_errors=True)
-        os.makedirs(folder)
         out = os.path.join(folder, "call_timer.txt")
-        run_env = bench.environment(dict(env or {}, CALL_TIMER_OUT=out))
-        run_env["LD_PRELOAD"] = timer
-        if shim:
-            run_env = with_shim(run_env, timer + ":" + bench.library, os.path.join(folder, "log-%p.jsonl"))
+        run_env = bench.prepare(folder, dict(env, CALL_TIMER_OUT=out), shim, preload=[timer])
         bench.progress(f"profile: {label}")
         try:
             result = run_process(argv, run_env, timeout=300)
@@ -573,10 +580,7 @@ def call_profile(bench, bins, s, only):
         summary = f"{label:<50} all timed calls: {in_calls_us / units:.2f} us per {unit}"
         if shim:
             try:
-                pool = bench.pool_figures(folder)
-                lines.append(f"{label:<50} pool: reserved peak {poolshim_log.fmt_bytes(pool['reserved_bytes_peak'])}, "
-                             f"cache hits {pool.get('cache_hits')} misses {pool.get('cache_misses')}, legacy-barrier "
-                             f"reuses {pool.get('legacy_reuses')}, fences {pool.get('fences')}")
+                lines.append(f"{label:<50} pool: {pool_summary(bench.pool_figures(folder))}")
             except Broken as e:
                 lines.append(f"{label:<50} pool: no figures ({e})")
         if unit == "step":
