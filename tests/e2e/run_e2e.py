@@ -256,7 +256,7 @@ def call_timer_lines(text):
 def case_call_timer_counts_each_call_with_and_without_the_shim(tmp):
     # scripts/bench's profile rests on these counts: every call is timed once, and the calls
     # still reach what answers them (the shim pools all of them).
-    timer = os.path.join(BUILD, "programs", "libcall_timer.so")
+    timer = program("libcall_timer.so")
     for mode, calls in (("sync", {"cudaMalloc": 316, "cudaFree": 316}),
                         ("async", {"cudaMallocAsync": 316, "cudaFreeAsync": 316, "cudaStreamSynchronize": 3})):
         args = [program("churn"), "300", "16", str(4 * MiB)] + ([mode] if mode == "async" else [])
@@ -284,7 +284,7 @@ def case_call_timer_reset_forgets_the_warmup(tmp):
               "for _ in range(3): glob.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(4096)); glob.cudaFree(p)\n"
               "glob.call_timer_reset()\n"
               "glob.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(4096)); glob.cudaFree(p)\n")
-    timer = os.path.join(BUILD, "programs", "libcall_timer.so")
+    timer = program("libcall_timer.so")
     out = os.path.join(tmp, "timer.txt")
     result = run([sys.executable, "-c", script], False, tmp, {"LD_PRELOAD": timer, "CALL_TIMER_OUT": out})
     expect_equal(result.rc, 0, "exit status: " + result.describe())
