@@ -1,24 +1,175 @@
 """Reading poolshim logs (JSON Lines, schema version 1; README.md "The log").
 
 Used by the launcher's end summary, the tests and the report tool. Standard library only.
+
+A log is read only when every line is within the bounds of what poolshim writes, so that
+whatever is read can be summarized and rendered (text, HTML page, Perfetto trace); anything
+else is refused with a LogError naming the file and line ("file:line: why"):
+  - UTF-8 text, each non-blank line one JSON object, nested at most MAX_DEPTH (32) deep
+    (poolshim's records nest 6 deep);
+  - integers from -2^63 to 2^64-1 (the writer's int64 and uint64 fields); other numbers
+    finite and within +-2^64 (the writer's doubles: times, ages, shares); no NaN or Infinity;
+  - no lone UTF-16 surrogate (a "\ud800" escape without its pair) in any string or key: like
+    bytes that are not UTF-8, it is not text (poolshim itself writes U+FFFD for those);
+  - the common fields: schema 1, a known type, t a number of seconds from 0 to 2^31 (68
+    years: microseconds of it stay exact in a Perfetto trace), pid an integer from 0 to
+    2^31-1 (a pid_t).
+poolshim_report.model checks the fields of each record type on top of this.
 """
 
 import glob
 import json
 import os
+import re
+import reprlib
 import socket
 
 SCHEMA_VERSION = 1
 RECORD_TYPES = ("start", "sample", "oom", "warning", "exit")
 COMMON_FIELDS = ("schema", "type", "t", "pid")
 
+MAX_DEPTH = 32
+MIN_INT, MAX_INT = -2 ** 63, 2 ** 64 - 1
+MAX_NUMBER = 2.0 ** 64
+MAX_T = 2 ** 31
+MAX_PID = 2 ** 31 - 1
+
 
 class LogError(Exception):
     """A log that is not a poolshim log of a schema this tool reads: says where and why."""
 
 
-def read_log(path):
-    """All records of one log file, in order. Raises LogError naming the line at fault."""
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 40
+_SHORT.maxlevel = 2
+
+
+def short_repr(value):
+    """repr(value) in about 40 characters (long strings, numbers and lists cut, nesting not
+    followed): for messages about a value from a log."""
+    return _SHORT.repr(value)
+
+
+class _LongInteger:
+    """An integer literal too long to be in range, kept as its length: Python refuses to convert
+    one of more than 4300 digits (sys.set_int_max_str_digits), and it would be refused anyway."""
+
+    def __init__(self, text):
+        self.digits = len(text.lstrip("-"))
+
+    def __repr__(self):
+        return f"<{self.digits}-digit integer>"
+
+
+def _parse_int(text):
+    # 20 characters hold every integer in range ("18446744073709551615", "-9223372036854775808").
+    return int(text) if len(text) <= 20 else _LongInteger(text)
+
+
+class _Refused(Exception):
+    def __init__(self, why):
+        super().__init__(why)
+        self.why = why
+        self.where = []          # keys and indexes, outermost first (filled in on the way out)
+
+    def __str__(self):
+        where = "".join(_step(k) for k in self.where).lstrip(".")
+        return f"{where}: {self.why}" if where else self.why
+
+
+def _step(key):
+    """One step of a path to a value, as the messages of poolshim_report.model write them:
+    .name, [3], or ['a key'] for keys that are not plain names."""
+    if isinstance(key, int):
+        return f"[{key}]"
+    return f".{key}" if key.isidentifier() and key.isascii() else f"[{ascii(key)}]"
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_string(text):
+    found = _SURROGATE.search(text)
+    if found:
+        raise _Refused(f"a lone UTF-16 surrogate (\\u{ord(found.group()):04x}) in a string: not Unicode text")
+
+
+def _integer_out_of_range(digits, value):
+    shown = f"integer {value}" if value is not None and digits <= 24 else f"{digits}-digit integer"
+    return _Refused(f"{shown} out of range (poolshim writes -2^63 to 2^64-1)")
+
+
+def _check_value(value, depth, strings):
+    """Refuses (raises _Refused) what poolshim cannot have written in the object or array
+    `value`: see the module's docstring. `strings`: whether to look for lone surrogates (only
+    a line with a \\ud escape can hold one; skipping the others keeps long logs fast)."""
+    if depth >= MAX_DEPTH:
+        raise _Refused(f"arrays or objects nested more than {MAX_DEPTH} deep")
+    is_dict = type(value) is dict
+    for key, item in (value.items() if is_dict else enumerate(value)):
+        kind = type(item)
+        try:
+            if kind is int:
+                if not MIN_INT <= item <= MAX_INT:
+                    raise _integer_out_of_range(len(str(abs(item))), item)
+            elif kind is float:
+                if item != item:
+                    raise _Refused("NaN is not a number poolshim writes")
+                if not -MAX_NUMBER <= item <= MAX_NUMBER:
+                    raise _Refused(f"number {item!r} out of range (poolshim writes finite numbers within +-2^64)")
+            elif kind is dict or kind is list:
+                _check_value(item, depth + 1, strings)
+            elif kind is _LongInteger:
+                raise _integer_out_of_range(item.digits, None)
+            elif kind is str and strings:
+                _check_string(item)
+            if is_dict and strings:
+                _check_string(key)
+        except _Refused as e:
+            if not e.why.startswith("arrays or objects nested"):   # the path of one that deep says nothing
+                e.where.insert(0, key)
+            raise
+
+
+def _parse(line):
+    """The record on one line (a dict), or raises _Refused saying why not."""
+    try:
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            if isinstance(e, json.JSONDecodeError):
+                raise
+            # An integer Python refuses to convert (over 4300 digits): read again, keeping
+            # such integers as their length, so that the check below says where it is.
+            record = json.loads(line, parse_int=_parse_int)
+    except json.JSONDecodeError as e:
+        raise _Refused(f"not JSON ({e.msg})") from None
+    except RecursionError:
+        raise _Refused(f"arrays or objects nested more than {MAX_DEPTH} deep") from None
+    if not isinstance(record, dict):
+        raise _Refused("not a JSON object")
+    missing = [f for f in COMMON_FIELDS if f not in record]
+    if missing:
+        raise _Refused(f"not a poolshim record (no {', '.join(missing)})")
+    schema = record["schema"]
+    if type(schema) is not int or schema != SCHEMA_VERSION:  # noqa: E721 (true is not 1)
+        raise _Refused(f"schema {short_repr(schema)}; this tool reads schema {SCHEMA_VERSION}")
+    if record["type"] not in RECORD_TYPES:
+        raise _Refused(f"unknown record type {short_repr(record['type'])}")
+    t, pid = record["t"], record["pid"]
+    if type(t) not in (int, float) or not 0 <= t <= MAX_T:   # (NaN is not)
+        raise _Refused(f"bad {record['type']} record: t should be a number of seconds from 0 to 2^31, "
+                       f"not {short_repr(t)}")
+    if type(pid) is not int or not 0 <= pid <= MAX_PID:  # noqa: E721
+        raise _Refused(f"bad {record['type']} record: pid should be an integer from 0 to 2^31-1, "
+                       f"not {short_repr(pid)}")
+    _check_value(record, 0, "\\ud" in line or "\\uD" in line)
+    return record
+
+
+def read_numbered(path):
+    """(line number, record) of every record of one log file, in order. Raises LogError naming
+    the line at fault."""
     records = []
     try:
         handle = open(path, "rb")
@@ -33,23 +184,17 @@ def read_log(path):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise LogError(f"{path}:{number}: not JSON ({e.msg})") from None
-            if not isinstance(record, dict):
-                raise LogError(f"{path}:{number}: not a JSON object")
-            missing = [f for f in COMMON_FIELDS if f not in record]
-            if missing:
-                raise LogError(f"{path}:{number}: not a poolshim record (no {', '.join(missing)})")
-            schema = record["schema"]
-            if type(schema) is not int or schema != SCHEMA_VERSION:  # noqa: E721 (true is not 1)
-                raise LogError(f"{path}:{number}: schema {schema!r}; this tool reads schema {SCHEMA_VERSION}")
-            if record["type"] not in RECORD_TYPES:
-                raise LogError(f"{path}:{number}: unknown record type {record['type']!r}")
-            records.append(record)
+                records.append((number, _parse(line)))
+            except _Refused as e:
+                raise LogError(f"{path}:{number}: {e}") from None
     if not records:
         raise LogError(f"{path}: empty: no poolshim records")
     return records
+
+
+def read_log(path):
+    """All records of one log file, in order. Raises LogError naming the line at fault."""
+    return [record for _, record in read_numbered(path)]
 
 
 def expand_pattern(template, host=None):

@@ -34,8 +34,10 @@ exit status:
   0  done
   1  an output file could not be written
   2  bad usage, or a log that cannot be read: missing, empty, not JSON, not a poolshim log,
-     a newer schema, or a record with a field of the wrong type (the message names the file
-     and line)
+     a newer schema, a record with a field of the wrong type, or a value poolshim does not
+     write (integers beyond -2^63..2^64-1, other numbers beyond +-2^64, NaN, a t beyond
+     0..2^31 s, nesting deeper than 32, a lone UTF-16 surrogate); the message names the file
+     and line
 
 examples:
   poolshim-report poolshim-4242.jsonl

@@ -5,7 +5,7 @@ run (several runs may have appended to one file, and a pid may come back), an `e
 closing it. Every field beyond the four common ones is optional: a log of an older shape (no
 cap, no call sites) gives a report without those parts. Fields that are present are checked
 for their type, so that a damaged record is reported as `file:line: ...` instead of failing
-later.
+later; poolshim_log.read_log has checked the bounds of every value and the common fields.
 """
 
 import math
@@ -37,9 +37,19 @@ def _is_num(v):
     return t is int or (t is float and math.isfinite(v))
 
 
+def _is_unix_time(v):
+    # Up to 2^32 (the year 2106): with t's bound, a Perfetto trace's times stay within int64 ns.
+    return _is_num(v) and 0 <= v <= 2 ** 32
+
+
+def _is_size(key):
+    return key.isascii() and key.isdigit() and len(key) <= 20
+
+
 _SCALARS = {
     "int": (_is_int, "an integer"),
     "num": (_is_num, "a number"),
+    "unix_time": (_is_unix_time, "seconds since 1970 from 0 to 2^32"),
     "str": (lambda v: isinstance(v, str), "a string"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
 }
@@ -60,7 +70,7 @@ DEVICE_ROW["!required"] = ("device",)
 
 SPECS = {
     "start": {
-        "version": "str", "host": "str", "start_unix_s": "num", "log": "str",
+        "version": "str", "host": "str", "start_unix_s": "unix_time", "log": "str",
         "command_line": ("strs",), "config": "obj", "config_sources": "obj",
         "devices": ("list", {"device": "int", "name": "str", "total_bytes": "num", "!required": ("device",)}),
     },
@@ -90,9 +100,7 @@ class _Invalid(Exception):
     pass
 
 
-def _short(value):
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+_short = poolshim_log.short_repr
 
 
 def _check(value, kind, where):
@@ -106,8 +114,9 @@ def _check(value, kind, where):
         if not isinstance(value, dict):
             raise _Invalid(f"{where} should be an object, not {_short(value)}")
     elif kind == "hist":
-        if not isinstance(value, dict) or not all(_is_num(v) for v in value.values()):
-            raise _Invalid(f"{where} should be an object of counts, not {_short(value)}")
+        # Keys are the buckets' sizes in bytes, as decimal text.
+        if not isinstance(value, dict) or not all(_is_num(v) and _is_size(k) for k, v in value.items()):
+            raise _Invalid(f"{where} should be an object of counts by size, not {_short(value)}")
     elif kind == "site":
         if not isinstance(value, list):
             raise _Invalid(f"{where} should be null or a list of frames, not {_short(value)}")
@@ -141,18 +150,7 @@ def _check_object(value, spec, where):
 
 
 def _check_record(record):
-    if not _is_num(record["t"]):
-        raise _Invalid(f"t should be a number, not {_short(record['t'])}")
-    if not _is_int(record["pid"]):
-        raise _Invalid(f"pid should be an integer, not {_short(record['pid'])}")
     _check_object(record, SPECS[record["type"]], "")
-
-
-def _line_numbers(path):
-    """The line number of each record of `path`, counted as poolshim_log.read_log counts them
-    (it skips blank lines)."""
-    with open(path, "r", encoding="utf-8", errors="replace") as handle:
-        return [n for n, line in enumerate(handle, start=1) if line.strip()]
 
 
 # Whether frames get their file:line from addr2line (cli's --no-lines turns it off).
@@ -162,20 +160,17 @@ ANNOTATE_LINES = True
 def read_records(path):
     """poolshim_log.read_log, plus a type check of the fields the report uses. Raises LogError."""
     try:
-        records = poolshim_log.read_log(path)
-        if ANNOTATE_LINES:
-            lines.annotate(records)
+        numbered = poolshim_log.read_numbered(path)
     except MemoryError:
         raise LogError(f"{path}: too large to read") from None
-    for index, record in enumerate(records):
+    for line, record in numbered:
         try:
             _check_record(record)
         except _Invalid as e:
-            try:
-                line = _line_numbers(path)[index]
-            except (OSError, IndexError):
-                line = "?"
             raise LogError(f"{path}:{line}: bad {record['type']} record: {e}") from None
+    records = [record for _, record in numbered]
+    if ANNOTATE_LINES:
+        lines.annotate(records)
     return records
 
 
@@ -378,7 +373,7 @@ class Run:
             v = str(v)
             if sources.get(k) == "default" or (k not in sources and v in ("", "0")):
                 continue
-            if k.startswith("limit") and v.isdigit() and int(v) >= 1024:
+            if k.startswith("limit") and _is_size(v) and int(v) >= 1024:
                 v += f" ({poolshim_log.fmt_bytes(int(v))})"
             out.append((k, v, sources.get(k)))
         return out
@@ -397,6 +392,9 @@ class Run:
             for s in sorted(self.samples, key=lambda r: r["t"]):
                 devices.setdefault(s["device"], Device(s["device"])).samples.append(s)
             for row in (self.exit or {}).get("devices") or []:
+                # The exit record's time is its rows' (they have none of their own): charts and
+                # traces place the figures of a run without samples there.
+                row = dict(row, t=self.exit["t"])
                 devices.setdefault(row["device"], Device(row["device"])).exit_row = row
             for o in self.ooms:
                 devices.setdefault(o["device"], Device(o["device"])).ooms.append(o)
@@ -466,7 +464,7 @@ def rank_key(rank):
     """Sort key of a rank: numbers in numeric order, then other text, then none."""
     if rank is None:
         return (2, 0, "")
-    return (0, int(rank), "") if rank.lstrip("-").isdigit() else (1, 0, rank)
+    return (0, int(rank), "") if _is_size(rank.removeprefix("-")) else (1, 0, rank)
 
 
 def _merge_site_rows(rows_with_run):

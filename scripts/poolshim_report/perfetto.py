@@ -36,7 +36,9 @@ def trace(report, align="wall"):
     for order, run in enumerate(report.runs):
         pid = run.pid
         while pid in used_pids:
-            pid += 10_000_000          # two runs with one pid (pid reuse, or another host)
+            # Two runs with one pid (pid reuse, or another host): a stand-in, kept within the
+            # unsigned 32 bits a trace's pid has.
+            pid = (pid + 10_000_000) % 2 ** 32
         used_pids.add(pid)
         offset = (run.start_unix_s - base) if wall else 0.0
         if (run.t_min or 0.0) + offset < 0:

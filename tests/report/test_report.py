@@ -7,7 +7,8 @@
 The fixtures are in tests/report/fixtures: synthetic logs written by make_fixtures.py (the
 figures below follow from it), two real logs of the library before the new fields
 (old_shape*.jsonl) and one of the library with them (real_cap_oom.jsonl). The Chromium test is skipped, saying so, when neither `chromium` nor
-`chromium-browser` is on PATH.
+`chromium-browser` is on PATH. tests/report/hostile holds one log per defect of issue 12
+(written by make_hostile.py; HostileCorpus).
 """
 
 import html.parser
@@ -26,8 +27,11 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 SCRIPTS = os.path.join(ROOT, "scripts")
 TOOL = os.path.join(SCRIPTS, "poolshim-report")
 FIXTURES = os.path.join(HERE, "fixtures")
+HOSTILE = os.path.join(HERE, "hostile")
 sys.path.insert(0, SCRIPTS)
+sys.path.insert(0, HERE)
 
+import poolshim_log  # noqa: E402
 from poolshim_report import fmt, model  # noqa: E402
 
 MiB = 1024 * 1024
@@ -674,6 +678,115 @@ class PerfettoTrace(unittest.TestCase):
         self.assertEqual(first_counter(zero, 7002), 1e6)
         self.assertEqual(trace_problems(zero), [])
 
+
+# ---- hostile logs -----------------------------------------------------------------------------
+
+
+def hostile(name):
+    return os.path.join(HOSTILE, name)
+
+
+def run_all_outputs(testcase, path, *extra):
+    """poolshim-report writing the summary, an HTML page and a Perfetto trace of `path` in one run:
+    (the finished process, the page's path, the trace's path)."""
+    folder = tempfile.mkdtemp(prefix="poolshim-report-test-")
+    testcase.addCleanup(shutil.rmtree, folder, True)
+    page, trace = os.path.join(folder, "report.html"), os.path.join(folder, "trace.json")
+    return run_tool(*extra, "--html", page, "--perfetto", trace, path), page, trace
+
+
+# What a terminal acts on (C0 controls but the line break, DEL, C1 controls) and what reorders
+# or hides text (zero-width, bidirectional controls, line and paragraph separators).
+TERMINAL_CONTROLS = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def unsafe_characters(text):
+    """The characters of `text` that a terminal would act on."""
+    return TERMINAL_CONTROLS.findall(text)
+
+
+class HostileCorpus(unittest.TestCase):
+    """One log per defect of issue 12: those a reader must refuse, with the line and the reason,
+    and those it must read and then render in every output."""
+
+    REFUSED = {
+        "integer_5000_digits.jsonl":
+            (5, "leaks.largest[0].stream: 5000-digit integer out of range (poolshim writes -2^63 to 2^64-1)"),
+        "reserved_bytes_400_digits.jsonl":
+            (2, "reserved_bytes: 400-digit integer out of range (poolshim writes -2^63 to 2^64-1)"),
+        "arrays_nested_5000_deep.jsonl": (3, "arrays or objects nested more than 32 deep"),
+        "objects_nested_5000_deep.jsonl": (5, "arrays or objects nested more than 32 deep"),
+        "arrays_nested_40_deep.jsonl": (3, "arrays or objects nested more than 32 deep"),
+        "time_1e308.jsonl": (4, "bad sample record: t should be a number of seconds from 0 to 2^31, not 1e+308"),
+        "age_1e308.jsonl":
+            (5, "leaks.largest[0].age_s: number 1e+308 out of range (poolshim writes finite numbers within +-2^64)"),
+        "pool_slack_nan.jsonl": (2, "pool_slack: NaN is not a number poolshim writes"),
+        "lone_surrogate.jsonl": (3, "message: a lone UTF-16 surrogate (\\ud800) in a string: not Unicode text"),
+        "lone_surrogate_in_a_key.jsonl":
+            (1, "config['\\udc80']: a lone UTF-16 surrogate (\\udc80) in a string: not Unicode text"),
+    }
+    READ = ("exit_without_samples.jsonl", "figures_at_the_bounds.jsonl")
+
+    def test_the_corpus_is_what_make_hostile_writes(self):
+        import make_hostile
+        written = make_hostile.hostile_logs()
+        self.assertEqual(sorted(written), sorted(list(self.REFUSED) + list(self.READ)))
+        self.assertEqual(sorted(written), sorted(os.listdir(HOSTILE)))
+        for name, text in written.items():
+            with open(hostile(name), encoding="utf-8") as f:
+                self.assertEqual(f.read(), text, name)
+
+    def test_refused_with_file_line_and_why_in_every_output(self):
+        for name, (line, why) in self.REFUSED.items():
+            with self.subTest(name):
+                path = hostile(name)
+                r, page, trace = run_all_outputs(self, path)
+                self.assertEqual((r.returncode, r.stdout), (2, ""))
+                self.assertEqual(r.stderr, f"poolshim-report: error: {path}:{line}: {why}\n")
+                self.assertFalse(os.path.exists(page) or os.path.exists(trace))
+                # The launcher's summary reads logs the same way.
+                with self.assertRaises(poolshim_log.LogError) as refused:
+                    model.read_records(path)
+                self.assertEqual(str(refused.exception), f"{path}:{line}: {why}")
+
+    def check_read(self, name, *extra):
+        r, page, trace = run_all_outputs(self, hostile(name), *extra)
+        self.assertEqual((r.returncode, r.stderr.count("\n")), (0, 2), r.stderr)
+        with open(trace, encoding="utf-8") as f:
+            events = json.load(f)
+        self.assertEqual(trace_problems(events), [])
+        self.assertEqual(unsafe_characters(r.stdout), [])
+        p = _Page()
+        with open(page, encoding="utf-8") as f:
+            p.feed(f.read())
+        self.assertEqual(p.scripts, 2)
+        for svg in p.timelines:
+            HtmlPage.check_timeline(self, svg)
+        return r.stdout, p, events["traceEvents"]
+
+    def test_an_exit_record_without_samples_is_drawn_at_its_time(self):
+        out, page, events = self.check_read("exit_without_samples.jsonl")
+        lines = sections(out)[0][1]
+        self.assertEqual(cells(lines, "ran"), ["1.2 s from 2026-12-03 12:13:20 UTC, 0 samples, exited normally"])
+        self.assertEqual(cells(lines, "peak reserved"), ["8.0 MiB"])
+        self.assertEqual(cells(lines, "final used"), ["2.0 MiB"])
+        counters = {e["name"]: (e["ts"], e["args"]) for e in events if e["ph"] == "C"}
+        self.assertEqual(counters, {"device 0 reserved": (1.2e6, {"bytes": 8 * MiB}),
+                                    "device 0 used": (1.2e6, {"bytes": 2 * MiB}),
+                                    "device 0 requested": (1.2e6, {"bytes": 2 * MiB}),
+                                    "device 0 pool slack": (1.2e6, {"percent": 75.0})})
+        (svg,) = page.timelines
+        self.assertEqual({name: parse_points(points) for name, points in svg["series"].items()},
+                         {"reserved": [(882.0, 66.0)], "used": [(882.0, 216.0)], "requested": [(882.0, 216.0)]})
+
+    def test_figures_at_the_bounds_render_in_every_output(self):
+        out, _, events = self.check_read("figures_at_the_bounds.jsonl", "--full")
+        lines = sections(out)[0][1]
+        self.assertEqual(cells(lines, "peak reserved"), ["16384.0 PiB"])
+        self.assertEqual(cells(lines, "ran"), ["596523 h 14 min from 2106-02-07 06:28:16 UTC, 2 samples, exited normally"])
+        self.assertIn("    large  1 x   2.0 MiB on device 0, age 18446744073709551616.0 s at Solver::step+0x40 (app)",
+                      lines)
+        self.assertEqual(max(e["ts"] for e in events if "ts" in e), 2 ** 31 * 1e6)
 
 # ---- a real browser ---------------------------------------------------------------------------
 
