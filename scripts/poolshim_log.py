@@ -220,6 +220,42 @@ def logs_since(template, since_epoch):
     return sorted(paths, key=os.path.getmtime)
 
 
+# Characters that a terminal acts on (C0 and C1 controls: escape sequences, CR, BEL,
+# backspace) or that reorder or hide text (bidirectional overrides, zero-width and other
+# format characters, line and paragraph separators). Logs hold text anyone can write
+# (command lines, messages, symbol names): printed, these are shown as escapes (\x1b).
+TERMINAL_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f"
+                             "\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]")
+_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+TEXT_LIMIT = 1000   # characters of one string from a log that a terminal summary shows
+
+
+def _escape(match):
+    c = match.group()
+    n = ord(c)
+    return _ESCAPES.get(c) or (f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}")
+
+
+def terminal_text(text, limit=TEXT_LIMIT):
+    """`text` safe to print on a terminal: control and format characters escaped ("\\x1b"),
+    and cut after `limit` characters with a note of how many more there were."""
+    if len(text) > limit:
+        text = text[:limit] + f"... [{len(text) - limit:,} more characters]"
+    return TERMINAL_UNSAFE.sub(_escape, text)
+
+
+def for_terminal(value):
+    """A copy of `value` (a record, or any value in one) with every string in it, keys
+    included, passed through terminal_text."""
+    if isinstance(value, str):
+        return terminal_text(value)
+    if isinstance(value, dict):
+        return {terminal_text(k): for_terminal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [for_terminal(v) for v in value]
+    return value
+
+
 def fmt_bytes(n):
     if n is None:
         return "?"

@@ -8,6 +8,7 @@ for their type, so that a damaged record is reported as `file:line: ...` instead
 later; poolshim_log.read_log has checked the bounds of every value and the common fields.
 """
 
+import copy
 import math
 import os
 import shlex
@@ -303,6 +304,20 @@ class Run:
             self.warnings.append(record)
         self._devices = None
 
+    def with_text(self, convert):
+        """A copy of this run with `convert` (poolshim_log.for_terminal) applied to its path and
+        to the records that hold text: sample records are shared as they are (most of a long
+        log), as the only strings in them that a report shows are size_histogram's keys,
+        which are digits."""
+        other = copy.copy(self)
+        other.path = convert(self.path)
+        other.start = convert(self.start)
+        other.exit = convert(self.exit)
+        other.ooms = [convert(r) for r in self.ooms]
+        other.warnings = [convert(r) for r in self.warnings]
+        other._devices = None
+        return other
+
     # -- identity --
     @property
     def host(self):
@@ -493,6 +508,10 @@ class Report:
     @property
     def several(self):
         return len(self.runs) > 1
+
+    def with_text(self, convert):
+        """A copy of this report with `convert` applied to its paths and records (Run.with_text)."""
+        return Report([convert(p) for p in self.paths], [run.with_text(convert) for run in self.runs])
 
     def device_rows(self):
         """(run, device) of every device of every run, by device, then rank, host, pid."""

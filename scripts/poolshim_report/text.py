@@ -7,6 +7,8 @@ whole call stacks included.
 
 import textwrap
 
+from poolshim_log import for_terminal
+
 from .fmt import (NONE, fmt_bytes, fmt_bytes_or_none, fmt_count, fmt_duration, fmt_pct, fmt_unix,
                   frame_text, shorten_middle, site_key, site_text, site_texts)
 from .model import verdict_counts_text
@@ -318,6 +320,9 @@ def merged_section(report, full=False):
 
 
 def summary(report, full=False):
+    # Every string from the logs (commands, messages, names, paths) with its control
+    # characters escaped and cut to a readable length, before it reaches the terminal.
+    report = report.with_text(for_terminal)
     out = []
     for run in report.runs:
         if out:

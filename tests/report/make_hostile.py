@@ -119,6 +119,18 @@ def hostile_logs():
     r[4]["leaks"]["largest"][0]["age_s"] = 2.0 ** 64
     out["figures_at_the_bounds.jsonl"] = log(r)
 
+    r = base()   # readable: control characters in every kind of text the summary shows
+    r[0]["command_line"] = ["./app\x1b]0;owned\x07", "--steps\r\x1b[2K10"]
+    r[0]["host"] = "node\x1b[31m-1"
+    r[0]["devices"][0]["name"] = "NVIDIA\x08\x08H100"
+    r[2]["message"] = "\x1b[2J\x1b[Hscreen cleared\x07 and \u202eright-to-left"
+    r[4]["leaks"]["by_site"][0]["site"] = [dict(FRAME, function="evil\x1b[5m()", module="/opt/\x9b31mlib.so")]
+    r[4]["notes"] = ["note\nwith a line break"]
+    out["control_characters.jsonl"] = log(r)
+
+    r = base()   # readable: a warning of 100 000 characters
+    r[2]["message"] = "0123456789" * 10_000
+    out["warning_100_kb.jsonl"] = log(r)
     return out
 
 

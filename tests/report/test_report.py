@@ -725,7 +725,8 @@ class HostileCorpus(unittest.TestCase):
         "lone_surrogate_in_a_key.jsonl":
             (1, "config['\\udc80']: a lone UTF-16 surrogate (\\udc80) in a string: not Unicode text"),
     }
-    READ = ("exit_without_samples.jsonl", "figures_at_the_bounds.jsonl")
+    READ = ("exit_without_samples.jsonl", "figures_at_the_bounds.jsonl", "control_characters.jsonl",
+            "warning_100_kb.jsonl")
 
     def test_the_corpus_is_what_make_hostile_writes(self):
         import make_hostile
@@ -787,6 +788,41 @@ class HostileCorpus(unittest.TestCase):
         self.assertIn("    large  1 x   2.0 MiB on device 0, age 18446744073709551616.0 s at Solver::step+0x40 (app)",
                       lines)
         self.assertEqual(max(e["ts"] for e in events if "ts" in e), 2 ** 31 * 1e6)
+
+    def test_control_characters_are_escaped_in_the_terminal_summary(self):
+        out, page, events = self.check_read("control_characters.jsonl")
+        lines = out.splitlines()
+        self.assertEqual(lines[0], "== pid 4100, rank 0, host node\\x1b[31m-1, poolshim 0.3.0")
+        self.assertEqual(lines[1], "  command  './app\\x1b]0;owned\\x07' '--steps\\r\\x1b[2K10'")
+        self.assertEqual(lines[3], "  devices  0: NVIDIA\\x08\\x08H100, 139.8 GiB")
+        self.assertIn("    2.0 MiB      1  evil\\x1b[5m+0x40 (\\x9b31mlib.so)", lines)
+        self.assertIn("    t=0.600 s  \\x1b[2J\\x1b[Hscreen cleared\\x07 and \\u202eright-to-left", lines)
+        self.assertEqual(lines[-1], "  note: note\\nwith a line break")
+        # The trace keeps the text, as JSON escapes (its file is plain ASCII).
+        names = [e["args"]["name"] for e in events if e["name"] == "process_name"]
+        self.assertEqual(names, ["pid 4100 rank 0 @node\x1b[31m-1: './app\x1b]0;owned\x07' '--steps\r\x1b[2K10'"])
+        self.assertEqual([e["args"]["message"] for e in events if e["name"] == "warning"],
+                         ["\x1b[2J\x1b[Hscreen cleared\x07 and \u202eright-to-left"])
+
+    def test_a_100_kb_warning_is_cut_in_the_terminal_summary(self):
+        out, _, events = self.check_read("warning_100_kb.jsonl")
+        lines = sections(out)[0][1]
+        first = lines.index("  warnings: 1") + 1
+        shown = lines[first:first + 10]
+        self.assertEqual(lines[first + 10:], [])
+        self.assertTrue(shown[0].startswith("    t=0.600 s  "))
+        self.assertEqual("".join(line[15:] for line in shown),
+                         "0123456789" * 100 + "... [99,000 more characters]")
+        # The page and the trace have room for all of it.
+        self.assertEqual([len(e["args"]["message"]) for e in events if e["name"] == "warning"], [100_000])
+
+
+class TerminalText(unittest.TestCase):
+    def test_control_characters_are_escaped_and_long_text_cut(self):
+        self.assertEqual(poolshim_log.terminal_text("a\x1b[0m\tb\r\n\x00\x7f\x9b\u200b\u202e\U000e0041 é ü 日本"),
+                         "a\\x1b[0m\\tb\\r\\n\\x00\\x7f\\x9b\\u200b\\u202e\\U000e0041 é ü 日本")
+        self.assertEqual(poolshim_log.terminal_text("abcdef", limit=4), "abcd... [2 more characters]")
+
 
 # ---- a real browser ---------------------------------------------------------------------------
 
