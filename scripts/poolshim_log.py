@@ -216,8 +216,34 @@ def expand_pattern(template, host=None):
 
 def logs_since(template, since_epoch):
     """Log files matching `template` modified at or after `since_epoch`, oldest first."""
-    paths = [p for p in glob.glob(expand_pattern(template)) if os.path.getmtime(p) >= since_epoch - 1]
-    return sorted(paths, key=os.path.getmtime)
+    found = []
+    for path in glob.glob(expand_pattern(template)):
+        try:
+            found.append((os.path.getmtime(path), path))
+        except OSError:          # removed since the glob
+            continue
+    return [path for mtime, path in sorted(found) if mtime >= since_epoch - 1]
+
+
+def records_of_run(records, child_pid, since_epoch):
+    """The records of the processes that a launcher's command started: the process
+    `child_pid`, and every process whose start record says it started at or after
+    `since_epoch` (whole seconds), as its descendants did; each from its start record on.
+    A log cannot say whose child a process was: one that started while the command ran is
+    taken as the command's; one that started before it (another run appending to the same
+    file, another job's log in the folder) is left out."""
+    runs = {}                    # pid -> the records of its latest run that is ours
+    ours = {}
+    for r in records:
+        pid = r["pid"]
+        if r["type"] == "start":
+            started = r.get("start_unix_s")
+            ours[pid] = pid == child_pid or (started is not None and started >= int(since_epoch))
+            if ours[pid]:
+                runs[pid] = []   # a pid used again: the older process's records are not ours
+        if ours.get(pid):
+            runs[pid].append(r)
+    return [r for rs in runs.values() for r in rs]
 
 
 # Characters that a terminal acts on (C0 and C1 controls: escape sequences, CR, BEL,
@@ -293,7 +319,7 @@ def site_text(site):
         break
     if chosen.get("function"):
         return f"{chosen['function']}+{chosen.get('function_offset') or 0:#x} ({chosen.get('module')})"
-    return f"? ({chosen.get('module')}+{chosen.get('offset', 0):#x})"
+    return f"? ({chosen.get('module')}+{chosen.get('offset') or 0:#x})"
 
 
 def process_summaries(records):
@@ -312,10 +338,10 @@ def process_summaries(records):
         elif r["type"] == "oom":
             p["ooms"].append(r)
         elif r["type"] == "warning":
-            p["warnings"].append(r["message"])
+            p["warnings"].append(r.get("message"))
     for p in by_pid.values():
         devices = {}
-        rows = list(p["samples"]) + (list(p["exit"]["devices"]) if p["exit"] else [])
+        rows = list(p["samples"]) + list((p["exit"] or {}).get("devices") or [])
         for row in rows:
             d = devices.setdefault(row["device"], {"device": row["device"], "max_pool_slack": 0.0})
             d["last"] = row
@@ -324,53 +350,73 @@ def process_summaries(records):
     return [by_pid[k] for k in sorted(by_pid)]
 
 
+def _shown(value):
+    return "?" if value is None else value
+
+
 def summary_text(path, records):
-    """The launcher's end summary for one log."""
+    """The launcher's end summary for one log: `records` as poolshim_report.model.read_records
+    returns them (every field but the common four may be missing: shown as ?)."""
     lines = []
-    for p in process_summaries(records):
+    path = terminal_text(path)
+    # Sample records are most of a long log and hold no text that the summary shows.
+    for p in process_summaries([r if r["type"] == "sample" else for_terminal(r) for r in records]):
         start = p["start"] or {}
-        command = " ".join(start.get("command_line", []))
+        command = " ".join(start.get("command_line") or [])
         lines.append(f"poolshim: pid {p['pid']} ({command}), log {path}")
-        names = {d["device"]: d["name"] for d in start.get("devices", [])}
+        names = {d["device"]: d.get("name") for d in start.get("devices") or []}
         if not p["devices"]:
             lines.append("  no device memory was pooled")
         for dev, d in sorted(p["devices"].items()):
-            last = d["last"]
-            lines.append(f"  device {dev} ({names.get(dev, '?')}): {last['allocs']} allocations pooled "
-                         f"({last['async_allocs']} async), {last['frees']} freed; "
-                         f"{last['passthrough_allocs']} allocations and {last['passthrough_frees']} frees passed through")
-            lines.append(f"    peak reserved {fmt_bytes(last['reserved_bytes_peak'])}, peak used "
-                         f"{fmt_bytes(last['used_bytes_peak'])}, peak requested {fmt_bytes(last['requested_bytes_peak'])}")
+            last = {k: v for k, v in d["last"].items() if v is not None}
+
+            def n(key, last=last):
+                return _shown(last.get(key))
+
+            lines.append(f"  device {dev} ({_shown(names.get(dev))}): {n('allocs')} allocations pooled "
+                         f"({n('async_allocs')} async), {n('frees')} freed; "
+                         f"{n('passthrough_allocs')} allocations and {n('passthrough_frees')} frees passed through")
+            lines.append(f"    peak reserved {fmt_bytes(last.get('reserved_bytes_peak'))}, peak used "
+                         f"{fmt_bytes(last.get('used_bytes_peak'))}, peak requested "
+                         f"{fmt_bytes(last.get('requested_bytes_peak'))}")
             if "cache_hits" in last:  # logs written before the cache existed lack these
-                served = last["cache_hits"] + last["cache_misses"]
-                share = f" ({fmt_share(last['cache_hits'] / served)})" if served else ""
-                lines.append(f"    cache: {last['cache_hits']} of {served} allocations served without a driver call{share}, "
-                             f"{fmt_bytes(last['cached_bytes'])} cached at the end (peak {fmt_bytes(last['cached_bytes_peak'])}), "
-                             f"{last['cache_returns']} blocks given back, {last['fences']} fences")
-            lines.append(f"    fragmentation: pool slack {fmt_share(last['pool_slack'])} at the end "
-                         f"(highest sampled {fmt_share(d['max_pool_slack'])}), rounding waste {fmt_share(last['rounding_waste'])}")
-            lines.append(f"    out of memory: {last['ooms']} ({last['oom_with_slack']} with enough unused pool memory), "
-                         f"retried after a trim {last['oom_retries']} ({last['oom_retry_successes']} succeeded)")
+                hits, misses = last["cache_hits"], last.get("cache_misses")
+                served = hits + misses if misses is not None else None
+                share = f" ({fmt_share(hits / served)})" if served else ""
+                lines.append(f"    cache: {hits} of {_shown(served)} allocations served without a driver call{share}, "
+                             f"{fmt_bytes(last.get('cached_bytes'))} cached at the end (peak "
+                             f"{fmt_bytes(last.get('cached_bytes_peak'))}), {n('cache_returns')} blocks given back, "
+                             f"{n('fences')} fences")
+            lines.append(f"    fragmentation: pool slack {fmt_share(last.get('pool_slack'))} at the end "
+                         f"(highest sampled {fmt_share(d['max_pool_slack'])}), rounding waste "
+                         f"{fmt_share(last.get('rounding_waste'))}")
+            lines.append(f"    out of memory: {n('ooms')} ({n('oom_with_slack')} with enough unused pool memory), "
+                         f"retried after a trim {n('oom_retries')} ({n('oom_retry_successes')} succeeded)")
         ex = p["exit"]
         if ex is None:
             lines.append("  no exit record: the process ended without running its exit handlers (killed, or _exit/abort)")
         else:
-            leaks = ex["leaks"]
-            if leaks["count"]:
-                big = leaks["largest"][0]
-                lines.append(f"  leaks at exit: {plural(leaks['count'], 'allocation')}, {fmt_bytes(leaks['bytes'])} "
-                             f"(largest {fmt_bytes(big['bytes'])} on device {big['device']}, age {big['age_s']:.1f} s)")
+            leaks = ex.get("leaks") or {}
+            count, largest = leaks.get("count"), leaks.get("largest") or []
+            if count:
+                line = f"  leaks at exit: {plural(count, 'allocation')}, {fmt_bytes(leaks.get('bytes'))}"
+                if largest:
+                    big = largest[0]
+                    age = big.get("age_s")
+                    line += (f" (largest {fmt_bytes(big.get('bytes'))} on device {_shown(big.get('device'))}, age "
+                             f"{'?' if age is None else format(age, '.1f')} s)")
+                lines.append(line)
             else:
-                lines.append("  leaks at exit: none")
-            for group in leaks.get("by_site", [])[:3]:
-                lines.append(f"    leaked from: {plural(group['count'], 'allocation')}, {fmt_bytes(group['bytes'])}, "
-                             f"{site_text(group.get('site'))}")
+                lines.append("  leaks at exit: " + ("none" if count == 0 else "?"))
+            for group in (leaks.get("by_site") or [])[:3]:
+                lines.append(f"    leaked from: {plural(_shown(group.get('count')), 'allocation')}, "
+                             f"{fmt_bytes(group.get('bytes'))}, {site_text(group.get('site'))}")
             paths = ex.get("paths") or {}
             if paths:
                 lines.append("  ways in: " + ", ".join(f"{k} {v}" for k, v in paths.items()))
-            for note in ex.get("notes", []):
+            for note in ex.get("notes") or []:
                 lines.append(f"  note: {note}")
         for o in p["ooms"]:
-            lines.append(f"  OOM at t={o['t']:.3f}s on device {o['device']}: {fmt_bytes(o['request_bytes'])} requested, "
-                         f"verdict {o['verdict']}: {o['hint']}")
+            lines.append(f"  OOM at t={o['t']:.3f}s on device {o['device']}: {fmt_bytes(o.get('request_bytes'))} "
+                         f"requested, verdict {_shown(o.get('verdict'))}: {_shown(o.get('hint'))}")
     return "\n".join(lines)

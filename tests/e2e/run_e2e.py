@@ -576,6 +576,168 @@ def case_launcher_summary_and_status(tmp):
     expect("no command given" in usage.stderr, usage.stderr)
 
 
+def launcher_env():
+    """The environment of the new launcher cases' commands (Python programs, some of which exec
+    test programs). In a sanitizer build the runtime leads LD_PRELOAD (the launcher keeps it
+    first), and the interpreter's own leaks at exit are not ours to report."""
+    env = base_env({"POOLSHIM_LIBRARY": os.path.join(BUILD, "libpoolshim.so")})
+    runtime = env.get("E2E_SANITIZER_RUNTIME")
+    if runtime:
+        env["LD_PRELOAD"] = runtime
+        env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":detect_leaks=0"
+    return env
+
+
+@case
+def case_launcher_keeps_the_status_and_summarizes_only_its_run(tmp):
+    """Other logs in the folder change during the run: one of a process that started before the
+    launcher, with fields missing (not summarized: not this run's), one that is not JSON (one
+    line says so) and one of a process that started during the run, with fields missing (a
+    descendant, as far as a log can tell: summarized, ? for what it lacks)."""
+    launcher = os.path.join(ROOT, "scripts", "poolshim")
+    env = launcher_env()
+    other, broken, started_during = (os.path.join(tmp, f"log-{n}.jsonl") for n in (1, 2, 3))
+    other_text = ('{"schema":1,"type":"start","t":0,"pid":1,"start_unix_s":1000}\n'
+                  '{"schema":1,"type":"sample","t":1,"pid":1,"device":0}\n')
+    broken_text = "{not json\n"
+    started_during_text = ('{"schema":1,"type":"start","t":0,"pid":3,"start_unix_s":%d}\n'
+                           '{"schema":1,"type":"exit","t":0.5,"pid":3}\n')
+    writes_logs_then_runs_oom_exit = (
+        "import os, time\n"
+        f"open({other!r}, 'w').write({other_text!r})\n"
+        f"open({broken!r}, 'w').write({broken_text!r})\n"
+        f"open({started_during!r}, 'w').write({started_during_text!r} % time.time())\n"
+        f"os.execv({program('oom_exit')!r}, ['oom_exit'])\n")
+    done = subprocess.run([launcher, "--log", os.path.join(tmp, "log-%p.jsonl"), "--", sys.executable, "-c",
+                           writes_logs_then_runs_oom_exit], env=env, capture_output=True, text=True, timeout=60)
+    expect_equal(done.returncode, 3, f"the command's exit status\n{done.stderr}")
+    expect("Traceback" not in done.stderr, done.stderr)
+    expect(other not in done.stderr, f"a log of a process that started before the run was summarized\n{done.stderr}")
+    lines = done.stderr.splitlines()
+    expect(f"poolshim: cannot summarize {broken}:1: not JSON (Expecting property name enclosed in double quotes)"
+           in lines, done.stderr)
+    header = f"poolshim: pid 3 (), log {started_during}"
+    expect(header in lines, f"no summary of the log of a process that started during the run\n{done.stderr}")
+    summary = lines.index(header)
+    expect_equal(lines[summary + 1:summary + 3], ["  no device memory was pooled", "  leaks at exit: ?"],
+                 f"the summary of a log without figures\n{done.stderr}")
+    expect("OOM at t=" in done.stderr and "verdict exhausted" in done.stderr, done.stderr)
+
+
+# A command for the launcher that waits to be signalled: it writes its pid to the file named
+# by its argument (renamed into place, so that a reader never sees half of it) and sleeps.
+WAITS_FOR_A_SIGNAL = """
+import os, resource, signal, sys, time
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))          # SIGQUIT: no core file
+for s in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(s, signal.SIG_DFL)                      # die of it, whatever the caller ignored
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(60)
+"""
+
+
+def process_exists(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@case
+def case_launcher_passes_signals_on_to_the_command(tmp):
+    """kill -TERM (-HUP, -INT, -QUIT, -USR1, -USR2) of the launcher's pid alone reaches the command,
+    the launcher waits for it and returns 128+N: the command does not run on as an orphan."""
+    import signal
+    import time
+    launcher = os.path.join(ROOT, "scripts", "poolshim")
+    env = launcher_env()
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        ready = os.path.join(tmp, f"pid-{sig.name}")
+        launched = subprocess.Popen([launcher, "--log", os.path.join(tmp, "log-%p.jsonl"), "--", sys.executable,
+                                     "-c", WAITS_FOR_A_SIGNAL, ready], env=env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True)
+        child = None
+        try:
+            deadline = time.time() + 30
+            while not os.path.exists(ready) and launched.poll() is None and time.time() < deadline:
+                time.sleep(0.01)
+            expect(os.path.exists(ready), f"{sig.name}: the command did not start")
+            with open(ready) as f:
+                child = int(f.read())
+            launched.send_signal(sig)
+            try:
+                status = launched.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                status = "still running 5 s later"
+            deadline = time.time() + 2
+            while process_exists(child) and time.time() < deadline:
+                time.sleep(0.01)
+            expect(not process_exists(child), f"{sig.name}: the command still runs after the launcher got it")
+            expect_equal(status, 128 + sig, f"the launcher's status after {sig.name}\n{launched.stderr.read()}")
+        finally:
+            if launched.poll() is None:
+                launched.kill()
+                launched.wait()
+            if child is not None and process_exists(child):
+                os.kill(child, signal.SIGKILL)
+            launched.stderr.close()
+
+
+@case
+def case_launcher_leaves_ctrl_c_to_the_terminal(tmp):
+    """Ctrl-C on the launcher's terminal reaches the command once (the terminal sends it to the
+    whole foreground group; the launcher does not pass it on a second time) and the launcher
+    returns the command's status."""
+    import pty
+    import select
+    import time
+    launcher = os.path.join(ROOT, "scripts", "poolshim")
+    env = launcher_env()
+    counts_sigints = ("import signal, time\n"
+                      "got = []\n"
+                      "signal.signal(signal.SIGINT, lambda *_: got.append(1))\n"
+                      "print('ready', flush=True)\n"
+                      "deadline = time.time() + 20\n"
+                      "while not got and time.time() < deadline:\n"
+                      "    time.sleep(0.01)\n"
+                      "time.sleep(0.5)   # time for a second one to come\n"
+                      "print(f'SIGINT x{len(got)}', flush=True)\n")
+    pid, terminal = pty.fork()
+    if pid == 0:   # the launcher, leading a session on a new terminal
+        try:
+            os.execve(launcher, [launcher, "--no-summary", "--", sys.executable, "-c", counts_sigints], env)
+        finally:
+            os._exit(127)
+    output = b""
+    sent = False
+    deadline = time.time() + 40
+    try:
+        while time.time() < deadline:
+            if not sent and b"ready" in output:
+                os.write(terminal, b"\x03")
+                sent = True
+            readable, _, _ = select.select([terminal], [], [], 0.1)
+            if readable:
+                try:
+                    chunk = os.read(terminal, 4096)
+                except OSError:          # EIO: the terminal's other end closed
+                    break
+                if not chunk:
+                    break
+                output += chunk
+    finally:
+        if time.time() >= deadline:
+            os.kill(pid, 9)
+        _, status = os.waitpid(pid, 0)
+        os.close(terminal)
+    text = output.decode(errors="replace")
+    expect("SIGINT x1" in text, f"the command's count of SIGINTs:\n{text}")
+    expect_equal(os.waitstatus_to_exitcode(status), 0, f"the launcher's status\n{text}")
+
+
 @case
 def case_log_reader_rejects_foreign_lines(tmp):
     path = os.path.join(tmp, "bad.jsonl")

@@ -824,6 +824,63 @@ class TerminalText(unittest.TestCase):
         self.assertEqual(poolshim_log.terminal_text("abcdef", limit=4), "abcd... [2 more characters]")
 
 
+class LauncherSummary(unittest.TestCase):
+    """poolshim_log's summary for the launcher (scripts/poolshim) and its choice of records."""
+
+    def test_records_missing_fields_are_summarized_with_question_marks(self):
+        records = [{"schema": 1, "type": "start", "t": 0, "pid": 7},
+                   {"schema": 1, "type": "sample", "t": 1, "pid": 7, "device": 0},
+                   {"schema": 1, "type": "oom", "t": 2, "pid": 7, "device": 0},
+                   {"schema": 1, "type": "exit", "t": 3, "pid": 7, "leaks": {"count": 2, "largest": [{}]}}]
+        self.assertEqual(poolshim_log.summary_text("run.jsonl", records).splitlines(), [
+            "poolshim: pid 7 (), log run.jsonl",
+            "  device 0 (?): ? allocations pooled (? async), ? freed; ? allocations and ? frees passed through",
+            "    peak reserved ?, peak used ?, peak requested ?",
+            "    fragmentation: pool slack ? at the end (highest sampled 0.0%), rounding waste ?",
+            "    out of memory: ? (? with enough unused pool memory), retried after a trim ? (? succeeded)",
+            "  leaks at exit: 2 allocations, ? (largest ? on device ?, age ? s)",
+            "  OOM at t=2.000s on device 0: ? requested, verdict ?: ?"])
+
+    def test_text_from_the_log_is_escaped_and_cut(self):
+        records = [{"schema": 1, "type": "start", "t": 0, "pid": 7, "command_line": ["./a\x1b[2J", "x" * 2000]},
+                   {"schema": 1, "type": "exit", "t": 3, "pid": 7, "notes": ["\rdone\x07"]}]
+        self.assertEqual(poolshim_log.summary_text("run\x1b.jsonl", records).splitlines(), [
+            "poolshim: pid 7 (./a\\x1b[2J " + "x" * 1000 + "... [1,000 more characters]), log run\\x1b.jsonl",
+            "  no device memory was pooled", "  leaks at exit: ?", "  note: \\rdone\\x07"])
+
+    def test_the_records_of_the_command_and_of_processes_started_during_it(self):
+        def start(pid, unix_s):
+            return {"schema": 1, "type": "start", "t": 0, "pid": pid, "start_unix_s": unix_s}
+
+        def warning(pid, message):
+            return {"schema": 1, "type": "warning", "t": 1, "pid": pid, "message": message}
+
+        records = [start(50, 1000), warning(50, "the command's pid, used before"),
+                   start(60, 1999), warning(60, "started before the launcher"),
+                   start(50, 2000), warning(50, "the command"),
+                   start(70, 2001), warning(70, "started during the run"),
+                   warning(80, "no start record"),
+                   {"schema": 1, "type": "start", "t": 0, "pid": 90}, warning(90, "no start time")]
+        chosen = poolshim_log.records_of_run(records, 50, 2000.7)
+        self.assertEqual([(r["pid"], r["type"], r.get("message")) for r in chosen],
+                         [(50, "start", None), (50, "warning", "the command"),
+                          (70, "start", None), (70, "warning", "started during the run")])
+        self.assertEqual(poolshim_log.records_of_run(records, 90, 3000)[1]["message"], "no start time")
+
+    def test_a_sanitizer_runtime_stays_first_in_the_preload_list(self):
+        import importlib.machinery
+        import importlib.util
+        loader = importlib.machinery.SourceFileLoader("poolshim_launcher", os.path.join(SCRIPTS, "poolshim"))
+        launcher = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+        loader.exec_module(launcher)
+        self.assertEqual(launcher.preload_list("/p/libpoolshim.so", None), "/p/libpoolshim.so")
+        self.assertEqual(launcher.preload_list("/p/libpoolshim.so", "/x/libmine.so"), "/p/libpoolshim.so:/x/libmine.so")
+        self.assertEqual(launcher.preload_list("/p/libpoolshim.so", "/usr/lib/libasan.so.8:/x/libmine.so"),
+                         "/usr/lib/libasan.so.8:/p/libpoolshim.so:/x/libmine.so")
+        self.assertEqual(launcher.preload_list("/p/libpoolshim.so", "libclang_rt.tsan-x86_64.so"),
+                         "libclang_rt.tsan-x86_64.so:/p/libpoolshim.so")
+
+
 # ---- a real browser ---------------------------------------------------------------------------
 
 
