@@ -8,10 +8,13 @@ The fixtures are in tests/report/fixtures: synthetic logs written by make_fixtur
 figures below follow from it), two real logs of the library before the new fields
 (old_shape*.jsonl) and one of the library with them (real_cap_oom.jsonl). The Chromium test is skipped, saying so, when neither `chromium` nor
 `chromium-browser` is on PATH. tests/report/hostile holds one log per defect of issue 12
-(written by make_hostile.py; HostileCorpus).
+(written by make_hostile.py; HostileCorpus); Fuzz damages the fixtures with mutate.py, seeded
+(REPORT_FUZZ_SEED and REPORT_FUZZ_COUNT change the seed and the number of logs, 500).
 """
 
+import contextlib
 import html.parser
+import io
 import json
 import math
 import os
@@ -31,8 +34,9 @@ HOSTILE = os.path.join(HERE, "hostile")
 sys.path.insert(0, SCRIPTS)
 sys.path.insert(0, HERE)
 
+import mutate  # noqa: E402
 import poolshim_log  # noqa: E402
-from poolshim_report import fmt, model  # noqa: E402
+from poolshim_report import cli, fmt, model  # noqa: E402
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -879,6 +883,70 @@ class LauncherSummary(unittest.TestCase):
                          "/usr/lib/libasan.so.8:/p/libpoolshim.so:/x/libmine.so")
         self.assertEqual(launcher.preload_list("/p/libpoolshim.so", "libclang_rt.tsan-x86_64.so"),
                          "libclang_rt.tsan-x86_64.so:/p/libpoolshim.so")
+
+
+class Fuzz(unittest.TestCase):
+    """Every log the reader accepts renders in all three outputs; any other is refused with
+    `poolshim-report: error: PATH:LINE: ...` (or `PATH: ...`) and status 2; never a traceback.
+    The logs are the fixtures with one to three damages each (mutate.py), the same on every run."""
+
+    SEED = int(os.environ.get("REPORT_FUZZ_SEED", "12"))
+    COUNT = int(os.environ.get("REPORT_FUZZ_COUNT", "500"))
+    SOURCES = [fixture(n) for n in ("normal.jsonl", "ooms.jsonl", "rank0.jsonl", "appended.jsonl",
+                                    "old_shape_oom.jsonl", "real_cap_oom.jsonl")]
+
+    def report(self, argv):
+        """cli.main in this process (a subprocess each would take minutes): (status, stdout,
+        stderr). An exception escaping it is what a traceback would be."""
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = cli.main(argv)
+        return status, out.getvalue(), err.getvalue()
+
+    def check_mutant(self, name, path, folder, full):
+        page, trace = os.path.join(folder, name + ".html"), os.path.join(folder, name + ".trace.json")
+        status, out, err = self.report(["--no-lines"] + (["--full"] if full else []) +
+                                       ["--html", page, "--perfetto", trace, path])
+        self.assertIn(status, (0, 2), err)
+        if status == 2:
+            self.assertEqual(out, "")
+            self.assertRegex(err, r"\Apoolshim-report: error: " + re.escape(path) + r"(:[0-9]+)?: \S[^\n]*\n\Z")
+            return False
+        self.assertEqual(unsafe_characters(out), [])
+        # A line of the summary holds a few strings of the log, each cut to 1000 characters
+        # (poolshim_log.TEXT_LIMIT; most characters stay one once escaped), and a mutant has at
+        # most 3 damages.
+        self.assertLessEqual(max(len(line) for line in out.splitlines()), 4000)
+        with open(trace, encoding="utf-8") as f:
+            self.assertEqual(trace_problems(json.load(f)), [])
+        p = _Page()
+        with open(page, encoding="utf-8") as f:
+            p.feed(f.read())
+        p.close()
+        self.assertEqual((p.scripts, p.loading_attrs), (2, []))
+        # The launcher's summary of the same log (every process taken as the command's).
+        summary = poolshim_log.summary_text(path, poolshim_log.records_of_run(model.read_records(path), -1, 0))
+        self.assertEqual(unsafe_characters(summary), [])
+        return True
+
+    def test_mutated_fixtures_render_or_are_refused_with_file_and_line(self):
+        folder = tempfile.mkdtemp(prefix="poolshim-report-fuzz-")
+        self.addCleanup(shutil.rmtree, folder, True)
+        self.addCleanup(setattr, model, "ANNOTATE_LINES", model.ANNOTATE_LINES)
+        read = 0
+        for n, (name, data) in enumerate(mutate.mutants(self.SEED, self.COUNT, self.SOURCES)):
+            path = os.path.join(folder, name + ".jsonl")
+            with open(path, "wb") as f:
+                f.write(data)
+            with self.subTest(name):
+                read += self.check_mutant(name, path, folder, full=n % 2 == 1)
+                if n % 50 == 0:   # and now and then the real command, in a process of its own
+                    r = run_tool(path)
+                    self.assertIn(r.returncode, (0, 2))
+                    self.assertNotIn("Traceback", r.stderr)
+        # Neither side is empty: the damages are not all fatal, nor all harmless.
+        self.assertGreater(read, self.COUNT // 4)
+        self.assertLess(read, self.COUNT * 3 // 4)
 
 
 # ---- a real browser ---------------------------------------------------------------------------
