@@ -42,7 +42,11 @@ class JsonObject {
   bool first_ = true;
 };
 
-/// `"escaped"`, with quotes.
+/// The length of the well-formed UTF-8 sequence that starts at s[i] (1 to 4 bytes for
+/// s[i] >= 0x80), or 0 when none does (overlong, surrogate, above U+10FFFF, cut short).
+std::size_t utf8_sequence_length(std::string_view s, std::size_t i);
+
+/// `"escaped"`, with quotes. Bytes that are not UTF-8 become U+FFFD each.
 std::string json_string(std::string_view value);
 
 /// "[a,b,c]" from already-serialized elements.
