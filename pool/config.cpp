@@ -4,6 +4,8 @@
 #include <cctype>
 #include <map>
 
+#include "json.h"
+
 namespace poolshim {
 
 const std::vector<OptionInfo>& option_table() {
@@ -154,6 +156,44 @@ int device_limit_index(std::string_view name) {
   return std::stoi(digits);
 }
 
+// A value as a message shows it (issue 12: warnings echoed values raw, so a 100 KB value made a
+// 100 KB line, and newlines or terminal escape codes reached the terminal): in quotes, control
+// characters, quotes, backslashes and bytes that are not UTF-8 as \xNN, cut after 60 bytes with
+// the length said.
+std::string shown(std::string_view text, bool quoted) {
+  constexpr std::size_t kShown = 60;
+  std::string out = quoted ? "\"" : "";
+  std::size_t i = 0;
+  for (; i < text.size() && i < kShown; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
+      out += static_cast<char>(c);
+      continue;
+    }
+    if (c >= 0x80) {
+      const std::size_t n = utf8_sequence_length(text, i);
+      if (n > 0 && i + n <= kShown) {
+        out.append(text.substr(i, n));
+        i += n - 1;
+        continue;
+      }
+    }
+    static const char hex[] = "0123456789abcdef";
+    out += "\\x";
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  }
+  if (quoted) out += '"';
+  if (i < text.size()) out += "... (" + std::to_string(text.size()) + " bytes)";
+  return out;
+}
+std::string shown_value(std::string_view text) {
+  return shown(text, true);
+}
+std::string shown_name(std::string_view text) {
+  return shown(text, false);
+}
+
 std::string choice_list(std::string_view option_name) {
   std::string out;
   for (const auto& v : choice_values(option_name)) out += (out.empty() ? "" : "|") + v;
@@ -178,18 +218,98 @@ Config Config::defaults() {
   return c;
 }
 
+namespace {
+
+// Problems are capped: an environment with thousands of unknown names or bad values must not
+// print thousands of lines (issue 12).
+constexpr std::size_t kMaxProblems = 16;
+
+struct Problems {
+  ParsedConfig& out;
+  std::size_t more = 0;  // problems beyond kMaxProblems, summarized in one line
+  // `what` is the problem; `instead` what is done about it (left out of strict mode's error,
+  // which refuses to start instead).
+  void add(const std::string& what, const std::string& instead) {
+    if (out.errors.size() == kMaxProblems) {
+      ++more;
+      return;
+    }
+    out.warnings.push_back(what + "; " + instead);
+    out.errors.push_back(what);
+  }
+  ~Problems() {
+    if (more == 0) return;
+    const std::string line = "... and " + std::to_string(more) + " more problem" +
+                             (more == 1 ? "" : "s") + " with POOLSHIM_* variables or POOLSHIM_CONF";
+    out.warnings.push_back(line + " (not shown)");
+    out.errors.push_back(line);
+  }
+};
+
+// One value given for an option, and where it came from.
+struct Setting {
+  std::string text;
+  Source source;
+  std::string origin;  // how to name it in a message: POOLSHIM_X, or "POOLSHIM_CONF key"
+};
+
+// The default log name, in the folder a bad log template named (issue 12: falling back to the
+// working folder surprised a user who had named a folder), when that folder's part is valid.
+std::string log_fallback(const std::string& bad_template, const char* default_text) {
+  const auto slash = bad_template.rfind('/');
+  if (slash == std::string::npos) return default_text;
+  const std::string folder = bad_template.substr(0, slash + 1);
+  return valid_path_template(folder) ? folder + default_text : default_text;
+}
+
+// Sets `field` from the valid setting of highest precedence (the last in `settings`); warns
+// once for each invalid one, naming what is used instead.
+template <typename T>
+void apply_option(T& field, std::size_t index, const OptionInfo& info,
+                  const std::vector<Setting>& settings, Config& config, Problems& problems) {
+  const Setting* chosen = nullptr;
+  for (const Setting& s : settings) {
+    T value = field;
+    if (assign(value, s.text, info)) {
+      field = value;
+      chosen = &s;
+    }
+  }
+  std::string instead;
+  if (chosen != nullptr) {
+    config.sources[index] = chosen->source;
+    config.texts[index] = chosen->text;
+    instead = "using " + shown_value(chosen->text) + " (" + chosen->origin + ")";
+  } else if (std::string_view(info.name) == "log") {
+    const std::string fallback = log_fallback(settings.back().text, info.default_text);
+    [[maybe_unused]] const bool ok = assign(field, fallback, info);
+    config.texts[index] = fallback;
+    instead = "using " + shown_value(fallback) +
+              (fallback == info.default_text ? " (the default)" : " (the default name there)");
+  } else {
+    instead = std::string("using ") + (*info.default_text ? info.default_text : "\"\"") +
+              " (the default)";
+  }
+  std::string expect = kind_expectation(info.kind);
+  if (info.kind == OptionKind::Choice) expect += " " + choice_list(info.name);
+  for (const Setting& s : settings) {
+    if (&s == chosen) continue;
+    T scratch = field;
+    if (assign(scratch, s.text, info)) continue;  // valid, only outranked
+    problems.add(s.origin + "=" + shown_value(s.text) + " is not " + expect, instead);
+  }
+}
+
+}  // namespace
+
 ParsedConfig parse_config(const std::vector<std::string>& environment) {
   ParsedConfig out;
   out.config = Config::defaults();
   const auto& table = option_table();
+  Problems problems{out};
 
   // Collect values: POOLSHIM_CONF first, then variables, so that variables win.
-  struct Setting {
-    std::string text;
-    Source source;
-    std::string origin;  // how to name it in a message
-  };
-  std::map<std::string, Setting> settings;
+  std::map<std::string, std::vector<Setting>> settings;
   std::vector<std::pair<std::string, std::string>> variables;
   for (const auto& entry : environment) {
     const auto eq = entry.find('=');
@@ -213,20 +333,20 @@ ParsedConfig parse_config(const std::vector<std::string>& environment) {
       if (item.empty()) continue;
       const auto eq = item.find('=');
       if (eq == std::string_view::npos) {
-        out.warnings.push_back("POOLSHIM_CONF: \"" + std::string(item) +
-                               "\" is not key=value; ignored");
+        problems.add("POOLSHIM_CONF: " + shown_value(item) + " is not key=value", "ignored");
         continue;
       }
       const std::string key = to_lower(trim(item.substr(0, eq)));
       const OptionInfo* info = find_option(key);
       if (info == nullptr) {
         const std::string near = suggestion_for(key);
-        out.warnings.push_back("POOLSHIM_CONF: \"" + key + "\" is not a poolshim option" +
-                               (near.empty() ? "" : " (did you mean " + near + "?)") + "; ignored");
+        problems.add("POOLSHIM_CONF: " + shown_value(key) + " is not a poolshim option" +
+                         (near.empty() ? "" : " (did you mean " + near + "?)"),
+                     "ignored");
         continue;
       }
-      settings[info->name] = {std::string(trim(item.substr(eq + 1))), Source::conf_string,
-                              "POOLSHIM_CONF " + key};
+      settings[info->name].push_back(
+          {std::string(trim(item.substr(eq + 1))), Source::conf_string, "POOLSHIM_CONF " + key});
     }
   }
   for (const auto& [name, value] : variables) {
@@ -235,20 +355,21 @@ ParsedConfig parse_config(const std::vector<std::string>& environment) {
       if (auto v = parse_size(value, /*allow_percent=*/true)) {
         out.config.device_limits[device] = *v;
       } else {
-        out.warnings.push_back(name + "=\"" + value + "\" is not " +
-                               kind_expectation(OptionKind::Size) + "; using no cap of its own");
+        problems.add(
+            name + "=" + shown_value(value) + " is not " + kind_expectation(OptionKind::Size),
+            "using no cap of its own");
       }
       continue;
     }
     const OptionInfo* info = find_option(std::string_view(name).substr(9));
     if (info == nullptr || env_name(info->name) != name) {
       const std::string near = suggestion_for(to_lower(std::string_view(name).substr(9)));
-      out.warnings.push_back(name + " is not a poolshim option" +
-                             (near.empty() ? "" : " (did you mean " + env_name(near) + "?)") +
-                             "; ignored");
+      problems.add(shown_name(name) + " is not a poolshim option" +
+                       (near.empty() ? "" : " (did you mean " + env_name(near) + "?)"),
+                   "ignored");
       continue;
     }
-    settings[info->name] = {value, Source::environment, name};
+    settings[info->name].push_back({value, Source::environment, name});
   }
 
   // Apply them through the typed fields.
@@ -257,17 +378,7 @@ ParsedConfig parse_config(const std::vector<std::string>& environment) {
   {                                                                                         \
     const auto it = settings.find(#NAME);                                                   \
     if (it != settings.end()) {                                                             \
-      const OptionInfo& info = table[index];                                                \
-      if (assign(out.config.NAME, it->second.text, info)) {                                 \
-        out.config.sources[index] = it->second.source;                                      \
-        out.config.texts[index] = it->second.text;                                          \
-      } else {                                                                              \
-        std::string expect = kind_expectation(info.kind);                                   \
-        if (info.kind == OptionKind::Choice) expect += " " + choice_list(info.name);        \
-        out.warnings.push_back(it->second.origin + "=\"" + it->second.text + "\" is not " + \
-                               expect + "; using " + (*DEFAULT ? DEFAULT : "\"\"") +        \
-                               " (the default)");                                           \
-      }                                                                                     \
+      apply_option(out.config.NAME, index, table[index], it->second, out.config, problems); \
     }                                                                                       \
     ++index;                                                                                \
   }

@@ -142,8 +142,12 @@ struct Config {
 
 struct ParsedConfig {
   Config config;
-  /// One line per problem: names the variable, the bad value and the value used instead.
+  /// One line per problem: names the variable, the bad value (quoted, escaped, cut short) and
+  /// the value used instead. At most 16, then one line counting the rest.
   std::vector<std::string> warnings;
+  /// The same problems for POOLSHIM_STRICT's refusal to start: without what would be done
+  /// instead.
+  std::vector<std::string> errors;
 };
 
 /// Reads POOLSHIM_* variables and POOLSHIM_CONF="key=value,..." from `environment`

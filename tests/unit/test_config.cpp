@@ -91,8 +91,92 @@ TEST_CASE("config: log path escapes are checked") {
   CHECK(parse_config({"POOLSHIM_LOG=/tmp/x-%h-%r-%t-%p-%%.jsonl"}).warnings.empty());
   const ParsedConfig bad = parse_config({"POOLSHIM_LOG=/tmp/x-%q.jsonl"});
   REQUIRE(bad.warnings.size() == 1);
-  CHECK(bad.config.log == "poolshim-%p.jsonl");
+  CHECK(bad.config.log == "/tmp/poolshim-%p.jsonl");
   CHECK(parse_config({"POOLSHIM_LOG="}).config.log.empty());
+}
+
+// Issue 12, defect 10: the fallback of a bad log template was the working folder.
+TEST_CASE("config: a bad log template falls back to the default name in the folder it named") {
+  const ParsedConfig p = parse_config({"POOLSHIM_LOG=/scratch/runs/x-%q.jsonl"});
+  REQUIRE(p.warnings.size() == 1);
+  CHECK(p.warnings[0] ==
+        "POOLSHIM_LOG=\"/scratch/runs/x-%q.jsonl\" is not a path whose % escapes are %p, %h, %r, "
+        "%t or %%; using \"/scratch/runs/poolshim-%p.jsonl\" (the default name there)");
+  CHECK(p.config.log == "/scratch/runs/poolshim-%p.jsonl");
+  CHECK(p.config.texts[index_of("log")] == "/scratch/runs/poolshim-%p.jsonl");
+  // A folder part that is itself a bad template, or none at all: the default.
+  CHECK(parse_config({"POOLSHIM_LOG=/a-%q/x.jsonl"}).config.log == "poolshim-%p.jsonl");
+  CHECK(parse_config({"POOLSHIM_LOG=x-%q.jsonl"}).config.log == "poolshim-%p.jsonl");
+}
+
+TEST_CASE("config: a value in a message is quoted, escaped and cut short") {
+  const ParsedConfig p = parse_config({"POOLSHIM_SAMPLE_MS=1\n\x1b[31mred\x07\"\\",
+                                       "POOLSHIM_CACHE=" + std::string(100000, '9') + "Q"});
+  REQUIRE(p.warnings.size() == 2);
+  CHECK(
+      p.warnings[0] ==
+      "POOLSHIM_SAMPLE_MS=\"1\\x0a\\x1b[31mred\\x07\\x22\\x5c\" is not a duration in milliseconds "
+      "(e.g. 500, 500ms, 2s); using 1000 (the default)");
+  CHECK(p.warnings[1] ==
+        "POOLSHIM_CACHE=\"" + std::string(60, '9') +
+            "\"... (100001 bytes) is not a size (bytes with K/M/G/T, e.g. 512M, or "
+            "a % of device memory); using 5% (the default)");
+  // UTF-8 stays readable; bytes that are not UTF-8 are shown as \xNN.
+  const ParsedConfig u = parse_config({"POOLSHIM_FREE=caf\xc3\xa9\xff"});
+  REQUIRE(u.warnings.size() == 1);
+  CHECK(u.warnings[0] ==
+        "POOLSHIM_FREE=\"caf\xc3\xa9\\xff\" is not one of sync|ordered; using sync (the default)");
+  // An unknown name is shown the same way, without quotes.
+  const ParsedConfig n = parse_config({"POOLSHIM_\x1b]0;x\x07=1"});
+  REQUIRE(n.warnings.size() == 1);
+  CHECK(n.warnings[0] == "POOLSHIM_\\x1b]0;x\\x07 is not a poolshim option; ignored");
+}
+
+TEST_CASE("config: strict mode's errors name the problem, not a value it will not use") {
+  const ParsedConfig p = parse_config({"POOLSHIM_STRICT=1", "POOLSHIM_CACHE=lots"});
+  REQUIRE(p.errors.size() == 1);
+  CHECK(p.errors[0] ==
+        "POOLSHIM_CACHE=\"lots\" is not a size (bytes with K/M/G/T, e.g. 512M, or a % of device "
+        "memory)");
+  REQUIRE(p.warnings.size() == 1);
+  CHECK(p.warnings[0] == p.errors[0] + "; using 5% (the default)");
+}
+
+TEST_CASE("config: every bad value of a key is reported, and the value used is named") {
+  // Issue 12: the first bad value was dropped silently when the key came again.
+  const ParsedConfig conf = parse_config({"POOLSHIM_CONF=sample_ms=soon,sample_ms=200"});
+  REQUIRE(conf.warnings.size() == 1);
+  CHECK(conf.warnings[0] ==
+        "POOLSHIM_CONF sample_ms=\"soon\" is not a duration in milliseconds (e.g. 500, 500ms, 2s); "
+        "using \"200\" (POOLSHIM_CONF sample_ms)");
+  CHECK(conf.config.sample_ms == 200);
+  // A bad variable does not lose the good value POOLSHIM_CONF gave.
+  const ParsedConfig both = parse_config({"POOLSHIM_CONF=sample_ms=300", "POOLSHIM_SAMPLE_MS=x"});
+  REQUIRE(both.warnings.size() == 1);
+  CHECK(both.warnings[0] ==
+        "POOLSHIM_SAMPLE_MS=\"x\" is not a duration in milliseconds (e.g. 500, 500ms, 2s); using "
+        "\"300\" (POOLSHIM_CONF sample_ms)");
+  CHECK(both.config.sample_ms == 300);
+  CHECK(both.config.sources[index_of("sample_ms")] == Source::conf_string);
+  // Two bad ones: two warnings, the default used.
+  const ParsedConfig two = parse_config({"POOLSHIM_CONF=sample_ms=a", "POOLSHIM_SAMPLE_MS=b"});
+  REQUIRE(two.warnings.size() == 2);
+  CHECK(two.warnings[0].rfind("POOLSHIM_CONF sample_ms=\"a\" is not", 0) == 0);
+  CHECK(two.warnings[1].rfind("POOLSHIM_SAMPLE_MS=\"b\" is not", 0) == 0);
+  CHECK(two.warnings[1].find("; using 1000 (the default)") != std::string::npos);
+}
+
+TEST_CASE("config: thousands of problems give sixteen lines and one that counts the rest") {
+  std::string conf = "POOLSHIM_CONF=";
+  for (int i = 0; i < 10000; ++i) conf += "nosuchkey" + std::to_string(i) + "=1,";
+  const ParsedConfig p = parse_config({conf, "POOLSHIM_STRICT=1"});
+  REQUIRE(p.warnings.size() == 17);
+  CHECK(p.warnings[0] == "POOLSHIM_CONF: \"nosuchkey0\" is not a poolshim option; ignored");
+  CHECK(p.warnings[16] ==
+        "... and 9984 more problems with POOLSHIM_* variables or POOLSHIM_CONF (not shown)");
+  REQUIRE(p.errors.size() == 17);
+  CHECK(p.errors[16] == "... and 9984 more problems with POOLSHIM_* variables or POOLSHIM_CONF");
+  CHECK(p.config.strict);
 }
 
 TEST_CASE("config: strict and enable are ordinary options") {
