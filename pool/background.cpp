@@ -1,5 +1,7 @@
 #include "background.h"
 
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,58 +38,124 @@ BackgroundWorker::BackgroundWorker(Router& router, EventQueue& events, ProcessIn
 
 BackgroundWorker::~BackgroundWorker() {
   if (thread_.joinable()) finish(ExitExtras{});
+  // A thread left behind by finish() still uses this object until its write returns (only
+  // tests destroy a worker: the shim's lives for the whole process).
+  while (running_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 void BackgroundWorker::start() {
   std::lock_guard<std::mutex> lock(finish_mutex_);
   if (started_ || finished_) return;
-  started_ = true;
-  thread_ = std::thread([this] { run(); });
-}
-
-void BackgroundWorker::finish(ExitExtras extras) {
-  {
-    std::lock_guard<std::mutex> lock(finish_mutex_);
-    if (finished_) return;
-    finished_ = true;
-    exit_extras_ = std::move(extras);
-    if (!started_) return;
+  // A new thread inherits the signal mask of its creator: every signal is blocked from its
+  // first instruction (issue 12: a signal the application blocks in its threads, to take with
+  // sigwait, was delivered here and killed the process; SIGXFSZ from a log past the file-size
+  // limit killed it too, where a blocked one makes the write fail with EFBIG).
+  sigset_t all;
+  sigset_t previous;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &previous);
+  try {
+    running_.store(true);
+    thread_ = std::thread([this] {
+      run();
+      running_.store(false);  // the thread's last touch of this object
+    });
+    started_ = true;
+  } catch (const std::exception& e) {
+    running_.store(false);
+    print_stderr(std::string("warning: cannot start the background thread (") + e.what() +
+                 "); running without a log");
   }
-  events_.request_stop();
-  if (thread_.joinable()) thread_.join();
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
 }
 
-void BackgroundWorker::write(const std::string& record) {
-  log_.write(record);
+void BackgroundWorker::finish(ExitExtras extras, std::chrono::milliseconds wait) {
+  std::unique_lock<std::mutex> lock(finish_mutex_);
+  if (finished_) return;
+  finished_ = true;
+  exit_extras_ = std::move(extras);
+  if (!started_) return;
+  events_.request_stop();
+  if (ended_cv_.wait_for(lock, wait, [this] { return ended_; })) {
+    lock.unlock();
+    thread_.join();
+    return;
+  }
+  // A write that blocks (a hung file system): the application's exit must not wait for it.
+  abandoned_.store(true);
+  lock.unlock();
+  thread_.detach();
+  print_stderr("warning: the log " + info_.log_path + " did not take the final records within " +
+               std::to_string(wait.count()) + " ms (a write is blocked); exiting without them");
+}
+
+void BackgroundWorker::write(std::string record) {
+  pending_records_.push_back(std::move(record));
+}
+
+void BackgroundWorker::say(std::string line) {
+  pending_stderr_.push_back(std::move(line));
+}
+
+void BackgroundWorker::flush() {
+  // Outside the gate: nothing here makes a driver call, and what blocks here (a full pipe on
+  // stderr, a hung file system) holds up neither fork() nor the application's threads.
+  for (const auto& line : pending_stderr_) print_stderr(line);
+  pending_stderr_.clear();
+  for (const auto& record : pending_records_) {
+    if (!log_.is_open()) break;
+    const std::string error = log_.write(record);
+    if (!error.empty()) {
+      print_stderr("warning: cannot write log " + info_.log_path + ": " + error +
+                   "; logging stops");
+    }
+  }
+  pending_records_.clear();
+  if (prometheus_due_) {
+    prometheus_due_ = false;
+    const std::string error = write_file_atomically(info_.prom_path, pending_prometheus_);
+    if (!error.empty() && !prom_warned_) {
+      prom_warned_ = true;
+      print_stderr("warning: POOLSHIM_PROM_FILE: " + error);
+      const std::string record =
+          warning_record(t(now_ns()), info_.pid, "POOLSHIM_PROM_FILE: " + error);
+      if (log_.is_open()) log_.write(record);
+    }
+  }
+  // Only now are the events written (an allocating thread may wait for its OOM record).
+  if (pending_ticket_ != 0) events_.mark_written(pending_ticket_);
+  pending_ticket_ = 0;
 }
 
 void BackgroundWorker::begin() {
   const std::string& path = info_.log_path;
   if (!path.empty()) {
     const std::string error = log_.open(path);
-    if (!error.empty()) print_stderr("warning: " + error + "; running without a log");
+    if (!error.empty()) say("warning: " + error + "; running without a log");
   }
-  if (log_.is_open()) router_.set_oom_record_wait(std::chrono::milliseconds(200));
-  devices_ = router_.describe_devices();
-  write(start_record(t(now_ns()), info_, router_.config(), devices_));
-  for (const auto& w : startup_warnings_) write(warning_record(t(now_ns()), info_.pid, w));
-  next_sample_ns_ = now_ns() + router_.config().sample_ms * 1000000ULL;
+  {
+    std::lock_guard<std::mutex> gate(tick_mutex_);
+    if (log_.is_open()) router_.set_oom_record_wait(std::chrono::milliseconds(200));
+    devices_ = router_.describe_devices();
+    write(start_record(t(now_ns()), info_, router_.config(), devices_));
+    for (const auto& w : startup_warnings_) write(warning_record(t(now_ns()), info_.pid, w));
+    next_sample_ns_ = now_ns() + router_.config().sample_ms * 1000000ULL;
+  }
+  flush();
 }
 
 void BackgroundWorker::write_events() {
   std::vector<Event> events;
   events_.drain(events);
-  std::uint64_t last_ticket = 0;
   for (const auto& e : events) {
     if (e.kind == Event::Kind::warning) {
-      print_stderr("warning: " + e.text);
+      say("warning: " + e.text);
       write(warning_record(t(now_ns()), info_.pid, e.text));
     } else {
       write_oom(e.oom);
     }
-    last_ticket = std::max(last_ticket, e.ticket);
+    pending_ticket_ = std::max(pending_ticket_, e.ticket);
   }
-  if (last_ticket != 0) events_.mark_written(last_ticket);
 }
 
 std::string BackgroundWorker::site_json(std::uint32_t site) {
@@ -165,18 +233,14 @@ void BackgroundWorker::write_oom(const OomReport& r) {
   const SiteJson json = [this](std::uint32_t s) { return site_json(s); };
   std::string block = oom_text(r, details, text);
   if (!block.empty() && block.back() == '\n') block.pop_back();
-  print_stderr(block);
+  say(std::move(block));
   write(oom_record(seconds_since_start(info_, r.t_ns), info_.pid, r, details, json));
 }
 
 void BackgroundWorker::write_prometheus(const std::vector<DeviceSnapshot>& snaps) {
   if (info_.prom_path.empty()) return;
-  const std::string error = write_file_atomically(info_.prom_path, prometheus_text(snaps, info_));
-  if (!error.empty() && !prom_warned_) {
-    prom_warned_ = true;
-    print_stderr("warning: POOLSHIM_PROM_FILE: " + error);
-    write(warning_record(t(now_ns()), info_.pid, "POOLSHIM_PROM_FILE: " + error));
-  }
+  pending_prometheus_ = prometheus_text(snaps, info_);
+  prometheus_due_ = true;
 }
 
 void BackgroundWorker::trim_if_idle(const DeviceSnapshot& snap, std::uint64_t now) {
@@ -204,6 +268,14 @@ void BackgroundWorker::trim_if_idle(const DeviceSnapshot& snap, std::uint64_t no
 }
 
 void BackgroundWorker::tick(std::uint64_t now) {
+  {
+    std::lock_guard<std::mutex> gate(tick_mutex_);
+    work(now);
+  }
+  flush();
+}
+
+void BackgroundWorker::work(std::uint64_t now) {
   write_events();
   const Config& config = router_.config();
   const bool sample_due = config.sample_ms > 0 && now >= next_sample_ns_;
@@ -222,6 +294,15 @@ void BackgroundWorker::tick(std::uint64_t now) {
 }
 
 void BackgroundWorker::end(const ExitExtras& extras) {
+  {
+    std::lock_guard<std::mutex> gate(tick_mutex_);
+    final_records(extras);
+  }
+  flush();
+  log_.close();
+}
+
+void BackgroundWorker::final_records(const ExitExtras& extras) {
   write_events();
   ExitSummary summary;
   const std::uint64_t now = now_ns();
@@ -238,7 +319,6 @@ void BackgroundWorker::end(const ExitExtras& extras) {
   write(exit_record(t(now_ns()), info_.pid, summary,
                     [this](std::uint32_t s) { return site_json(s); }));
   router_.set_oom_record_wait(std::chrono::milliseconds(0));
-  log_.close();
 }
 
 void BackgroundWorker::run() {
@@ -252,21 +332,19 @@ void BackgroundWorker::run() {
     if (driver.cuThreadExchangeStreamCaptureMode != nullptr) {
       driver.cuThreadExchangeStreamCaptureMode(&relaxed);
     }
-    // What the shim has to say at start, said here rather than in the hook that started it.
-    for (const auto& w : startup_warnings_) print_stderr("warning: " + w);
-    if (router_.config().verbose) {
-      print_stderr("version " + std::string(poolshim_version_string()) + ", log " +
-                   (info_.log_path.empty() ? std::string("disabled") : info_.log_path));
-      for (const auto& line : describe_config(router_.config())) print_stderr("option " + line);
-    }
-    begin();
   }
+  // What the shim has to say at start, said here rather than in the hook that started it.
+  for (const auto& w : startup_warnings_) print_stderr("warning: " + w);
+  if (router_.config().verbose) {
+    print_stderr("version " + std::string(poolshim_version_string()) + ", log " +
+                 (info_.log_path.empty() ? std::string("disabled") : info_.log_path));
+    for (const auto& line : describe_config(router_.config())) print_stderr("option " + line);
+  }
+  begin();
   const std::uint64_t sample_ms = router_.config().sample_ms;
   const std::uint64_t tick_ms = sample_ms > 0 ? std::min(sample_ms, kMaxTickMs) : kMaxTickMs;
-  for (;;) {
-    const bool stop = events_.wait_for_work(std::chrono::milliseconds(tick_ms));
-    if (stop) break;
-    std::lock_guard<std::mutex> gate(tick_mutex_);
+  while (!events_.wait_for_work(std::chrono::milliseconds(tick_ms))) {
+    if (abandoned_.load()) return;
     tick(now_ns());
   }
   ExitExtras extras;
@@ -274,16 +352,27 @@ void BackgroundWorker::run() {
     std::lock_guard<std::mutex> lock(finish_mutex_);
     extras = exit_extras_;
   }
-  std::lock_guard<std::mutex> gate(tick_mutex_);
+  // finish() gave up on a write that blocked: the process may be tearing CUDA down by now.
+  if (abandoned_.load()) return;
   end(extras);
+  std::lock_guard<std::mutex> lock(finish_mutex_);
+  ended_ = true;
+  ended_cv_.notify_all();
 }
 
 void BackgroundWorker::pause_for_fork() {
-  tick_mutex_.lock();
+  // Bounded: a driver call that never returns must not hang the application's fork() too.
+  // (Polled with try_lock rather than a timed mutex: GCC 12's ThreadSanitizer does not see
+  // pthread_mutex_clocklock, which std::timed_mutex uses, and reports the unlock as wrong.)
+  const auto give_up = std::chrono::steady_clock::now() + kForkWait;
+  while (!(fork_paused_ = tick_mutex_.try_lock()) && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
 }
 
 void BackgroundWorker::resume_after_fork() {
-  tick_mutex_.unlock();
+  if (fork_paused_) tick_mutex_.unlock();
+  fork_paused_ = false;
 }
 
 }  // namespace poolshim

@@ -2,8 +2,16 @@
 // the `start` record, turns queued events into `warning` and `oom` records, writes a `sample`
 // per device in use every sample_ms, trims idle pools gradually, and at exit writes the final
 // samples and the `exit` record. Hooks never do any of this themselves.
+//
+// The log is best-effort (issue 12): each round of work makes its driver calls under a gate
+// that fork() waits for, and writes what it produced only after leaving it, so that a write
+// that blocks (a hung file system) never holds up a fork; the exit handler waits a bounded
+// time for the final records; the thread takes no signal.
 #pragma once
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -29,10 +37,16 @@ class BackgroundWorker {
   BackgroundWorker(const BackgroundWorker&) = delete;
   BackgroundWorker& operator=(const BackgroundWorker&) = delete;
 
+  /// Starts the thread, with every signal blocked in it: a signal the application blocks in
+  /// its own threads (to take it with sigwait or signalfd) must not be delivered to ours.
   void start();
   /// Writes the final samples and the `exit` record (with `notes`), then ends the thread.
-  /// Safe to call more than once and without start() (then nothing is written).
-  void finish(ExitExtras extras);
+  /// Waits at most `wait` for that: past it (a write that blocks), the thread is left behind,
+  /// makes no further driver call, and one warning says the final records are lost. Safe to
+  /// call more than once and without start() (then nothing is written).
+  void finish(ExitExtras extras, std::chrono::milliseconds wait = kExitWait);
+  static constexpr std::chrono::milliseconds kExitWait{2000};
+  static constexpr std::chrono::milliseconds kForkWait{1000};
 
   /// Runs one round of work at monotonic time `now_ns` (for tests; the thread calls it too).
   void tick(std::uint64_t now_ns);
@@ -41,17 +55,25 @@ class BackgroundWorker {
   /// Final records (for tests; finish() calls it on the thread).
   void end(const ExitExtras& extras);
   const ProcessInfo& info() const { return info_; }
+  /// The log, for tests that hand it a descriptor of their own (LogFile::adopt).
+  LogFile& log() { return log_; }
 
   /// fork() must not copy the worker in the middle of a driver call (the child would inherit
-  /// the driver's locks held): pthread_atfork's prepare waits for the current round of work
-  /// and holds the next one until resume_after_fork (in the parent and in the child).
+  /// the driver's locks held): pthread_atfork's prepare waits (at most kForkWait) for the
+  /// current round of driver calls and holds the next one until resume_after_fork (in the
+  /// parent and in the child). Writes are outside the gate: a blocked write never holds it.
   void pause_for_fork();
   void resume_after_fork();
 
  private:
   void run();
   void write_events();
-  void write(const std::string& record);
+  // Output of a round of work, written by flush() once the round has left the gate.
+  void write(std::string record);
+  void say(std::string line);  // a line for stderr ("poolshim: " is added)
+  void flush();
+  void work(std::uint64_t now_ns);               // tick's driver calls, under the gate
+  void final_records(const ExitExtras& extras);  // end's driver calls, under the gate
   void trim_if_idle(const DeviceSnapshot& snap, std::uint64_t now_ns);
   void write_oom(const OomReport& report);
   void write_prometheus(const std::vector<DeviceSnapshot>& snaps);
@@ -66,10 +88,20 @@ class BackgroundWorker {
   LogFile log_;
   std::thread thread_;
   std::mutex finish_mutex_;
-  std::mutex tick_mutex_;  // held while the worker works (see pause_for_fork)
+  std::condition_variable ended_cv_;
+  std::mutex tick_mutex_;     // held while the worker makes driver calls (pause_for_fork)
+  bool fork_paused_ = false;  // pause_for_fork holds tick_mutex_
   ExitExtras exit_extras_;
   bool started_ = false;
   bool finished_ = false;
+  bool ended_ = false;                  // the thread has written its last record
+  std::atomic<bool> abandoned_{false};  // finish() gave up waiting: no more driver calls
+  std::atomic<bool> running_{false};    // the thread has not returned yet
+  std::vector<std::string> pending_records_;
+  std::vector<std::string> pending_stderr_;
+  std::string pending_prometheus_;
+  bool prometheus_due_ = false;
+  std::uint64_t pending_ticket_ = 0;  // events up to this one are in pending_*
   std::uint64_t next_sample_ns_ = 0;
 
   struct Activity {

@@ -27,17 +27,31 @@ class LogFile {
   LogFile(const LogFile&) = delete;
   LogFile& operator=(const LogFile&) = delete;
 
-  /// Opens `path` for appending (created 0644 if missing). Refuses a symbolic link. Returns
-  /// an empty string on success, else a sentence saying why.
+  /// Opens `path` for appending (created 0600 if missing). Refuses (issue 12): a symbolic
+  /// link; anything but a regular file (a FIFO or device could block the writer, or is not a
+  /// log); a file another user owns; a file with a second hard link. Opened non-blocking and
+  /// close-on-exec, and moved to a high descriptor number, so that a program that closes
+  /// descriptors and opens its own files does not get this one. Returns an empty string on
+  /// success, else a sentence saying why.
   std::string open(const std::string& path);
+  /// Writes to an open descriptor the caller hands over (tests: a pipe nobody reads,
+  /// /dev/full), with the same checks before each write as a log from open().
+  void adopt(int fd, const std::string& name);
   bool is_open() const { return logger_ != nullptr; }
-  /// Writes `record` and a newline.
-  void write(const std::string& record);
+  const std::string& path() const { return path_; }
+  /// Writes `record` and a newline with one write(2). Returns an empty string, or why the
+  /// log stopped; it is then closed and later writes do nothing. It stops when the file
+  /// cannot take the record (no space, the file-size limit: checked before the write, so
+  /// that the log keeps whole lines), on an I/O error, and when its descriptor no longer
+  /// refers to the file it opened (the program closed it and the number was reused).
+  std::string write(const std::string& record);
+  /// Closes the descriptor if it is still the log's (never a descriptor the program reused).
   void close();
 
  private:
   std::shared_ptr<spdlog::logger> logger_;
-  int fd_ = -1;
+  std::shared_ptr<class DescriptorSink> sink_;
+  std::string path_;
 };
 
 }  // namespace poolshim

@@ -1,8 +1,12 @@
 #include "prometheus.h"
 
+#include "clock.h"
+
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -76,16 +80,39 @@ std::string prometheus_text(const std::vector<DeviceSnapshot>& devices, const Pr
 }
 
 std::string write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp." + std::to_string(getpid());
-  const int fd =
-      ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) return "cannot write " + temporary + ": " + strerror(errno);
+  // Only a regular file of ours is replaced (issue 12: a device node at the path became a
+  // regular file; as root that could be /dev/null).
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISREG(st.st_mode)) return "refusing to replace " + path + ": it is not a regular file";
+    if (st.st_uid != ::geteuid()) {
+      return "refusing to replace " + path + ": it belongs to another user (uid " +
+             std::to_string(st.st_uid) + ")";
+    }
+  }
+  // The temporary file's name is not guessable and it is created new (O_EXCL, no link
+  // followed): a hard or symbolic link planted under a predictable name made the shim
+  // overwrite the linked file.
+  std::string temporary;
+  int fd = -1;
+  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+    std::uint64_t nonce = 0;
+    if (::getrandom(&nonce, sizeof nonce, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof nonce)) {
+      nonce = now_ns() * 0x9e3779b97f4a7c15ULL ^ reinterpret_cast<std::uintptr_t>(&nonce);
+    }
+    char suffix[24];
+    std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(nonce));
+    temporary = path + ".tmp." + std::to_string(getpid()) + "." + suffix;
+    fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST) return "cannot write " + temporary + ": " + strerror(errno);
+  }
+  if (fd < 0) return "cannot make a temporary file next to " + path;
   std::size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      const std::string why = strerror(errno);
+      const std::string why = n < 0 ? strerror(errno) : "the write made no progress";
       ::close(fd);
       ::unlink(temporary.c_str());
       return "cannot write " + temporary + ": " + why;

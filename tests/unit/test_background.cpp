@@ -1,10 +1,20 @@
 #include <catch2/catch.hpp>
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "background.h"
@@ -188,4 +198,272 @@ TEST_CASE("worker: release_threshold keeps that much unused memory cached") {
   // Excess 8 MiB over the threshold: keep 8 + 4 MiB -> reserved 8 MiB (chunks are 4 MiB).
   CHECK(router.snapshot(0).pool.reserved == 8 * MiB);
   worker.end(ExitExtras{});
+}
+
+// ---- the log never hangs, kills or writes into the host (issue 12) ------------------------
+
+namespace {
+
+// Captures what the code under test writes to stderr (fd 2).
+class StderrCapture {
+ public:
+  StderrCapture() : path_(temp_path("stderr")) {
+    std::fflush(stderr);
+    saved_ = dup(STDERR_FILENO);
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, STDERR_FILENO);
+    ::close(fd);
+  }
+  ~StderrCapture() {
+    restore();
+    std::remove(path_.c_str());
+  }
+  std::string text() {
+    restore();
+    std::ifstream in(path_);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+
+ private:
+  void restore() {
+    if (saved_ < 0) return;
+    dup2(saved_, STDERR_FILENO);
+    ::close(saved_);
+    saved_ = -1;
+  }
+  std::string path_;
+  int saved_ = -1;
+};
+
+std::size_t count_of(const std::string& text, const std::string& piece) {
+  std::size_t n = 0;
+  for (auto at = text.find(piece); at != std::string::npos; at = text.find(piece, at + 1)) ++n;
+  return n;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+TEST_CASE("log file: a regular file is created private, close-on-exec, on a high descriptor") {
+  const std::string path = temp_path("private");
+  std::remove(path.c_str());
+  const mode_t old_mask = umask(022);
+  LogFile log;
+  REQUIRE(log.open(path).empty());
+  umask(old_mask);
+  struct stat st {};
+  REQUIRE(stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  // The lowest free descriptor at or above 1000 (RLIMIT_NOFILE permitting): find it.
+  int found = -1;
+  for (int fd = 3; fd < 1024; ++fd) {
+    struct stat fs {};
+    if (fstat(fd, &fs) == 0 && fs.st_ino == st.st_ino && fs.st_dev == st.st_dev) found = fd;
+  }
+  struct rlimit limit {};
+  getrlimit(RLIMIT_NOFILE, &limit);
+  if (limit.rlim_cur >= 1024) CHECK(found >= 1000);
+  REQUIRE(found >= 0);
+  CHECK((fcntl(found, F_GETFD) & FD_CLOEXEC) != 0);
+  CHECK(log.write("{\"a\":1}").empty());
+  log.close();
+  CHECK(fcntl(found, F_GETFD) == -1);  // closed: it was still the log's
+  CHECK(read_lines(path) == std::vector<std::string>{"{\"a\":1}"});
+  std::remove(path.c_str());
+}
+
+TEST_CASE("log file: a FIFO, a device and a file with a second hard link are refused") {
+  const std::string fifo = temp_path("fifo");
+  std::remove(fifo.c_str());
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  LogFile log;
+  const auto t0 = std::chrono::steady_clock::now();
+  // No reader: opening it for writing would block for ever without O_NONBLOCK.
+  CHECK(log.open(fifo) == "cannot open log " + fifo + ": it is a FIFO, not a regular file");
+  // A reader that never reads: the open succeeds, the check refuses it.
+  const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  REQUIRE(reader >= 0);
+  CHECK(log.open(fifo) == "cannot open log " + fifo + ": it is a FIFO, not a regular file");
+  ::close(reader);
+  CHECK(seconds_since(t0) < 1.0);
+  std::remove(fifo.c_str());
+
+  CHECK(log.open("/dev/null") ==
+        "cannot open log /dev/null: it is a character device, not a regular file");
+
+  const std::string victim = temp_path("victim");
+  const std::string link = temp_path("hardlink");
+  std::remove(link.c_str());
+  { std::ofstream(victim) << "precious\n"; }
+  REQUIRE(::link(victim.c_str(), link.c_str()) == 0);
+  CHECK(log.open(link) == "cannot open log " + link + ": it has 2 hard links");
+  CHECK_FALSE(log.is_open());
+  CHECK(read_lines(victim) == std::vector<std::string>{"precious"});
+  std::remove(link.c_str());
+  std::remove(victim.c_str());
+}
+
+TEST_CASE("log file: a file of another user is refused (runs as root only)") {
+  if (geteuid() != 0) {
+    WARN("not root: cannot make a file of another user; the owner check is not exercised");
+    return;
+  }
+  const std::string path = temp_path("owned");
+  { std::ofstream(path) << ""; }
+  REQUIRE(chown(path.c_str(), 65534, 65534) == 0);
+  LogFile log;
+  CHECK(log.open(path) == "cannot open log " + path + ": it belongs to another user (uid 65534)");
+  std::remove(path.c_str());
+}
+
+TEST_CASE("log file: a descriptor the program reused is neither written nor closed") {
+  const std::string path = temp_path("reused");
+  const std::string other = temp_path("program-file");
+  std::remove(path.c_str());
+  LogFile log;
+  REQUIRE(log.open(path).empty());
+  CHECK(log.write("{\"first\":1}").empty());
+  // The program closes every descriptor and puts its own file on each number.
+  const int own = ::open(other.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  REQUIRE(own >= 0);
+  std::vector<int> taken;
+  for (int fd = 3; fd < 1024; ++fd) {
+    struct stat fs {};
+    struct stat ls {};
+    if (fd != own && fstat(fd, &fs) == 0 && stat(path.c_str(), &ls) == 0 &&
+        fs.st_ino == ls.st_ino) {
+      REQUIRE(dup2(own, fd) == fd);
+      taken.push_back(fd);
+    }
+  }
+  REQUIRE(taken.size() == 1);
+  CHECK(log.write("{\"second\":2}") == "its descriptor was closed or reused by the program");
+  CHECK_FALSE(log.is_open());
+  CHECK(log.write("{\"third\":3}").empty());  // stopped: nothing more is written
+  log.close();
+  CHECK(fcntl(taken[0], F_GETFD) != -1);  // the program's descriptor stays open
+  ::close(taken[0]);
+  ::close(own);
+  CHECK(read_lines(other).empty());
+  CHECK(read_lines(path) == std::vector<std::string>{"{\"first\":1}"});
+  std::remove(path.c_str());
+  std::remove(other.c_str());
+}
+
+TEST_CASE("log file: the file-size limit stops the log before a record would be cut") {
+  const std::string path = temp_path("fsize");
+  std::remove(path.c_str());
+  struct rlimit saved {};
+  REQUIRE(getrlimit(RLIMIT_FSIZE, &saved) == 0);
+  struct rlimit small = saved;
+  small.rlim_cur = 250;
+  REQUIRE(setrlimit(RLIMIT_FSIZE, &small) == 0);
+  LogFile log;
+  const std::string opened = log.open(path);
+  const std::string record(99, 'x');  // 100 bytes a line: two fit, the third would be cut
+  const std::string first = log.write(record);
+  const std::string second = log.write(record);
+  const std::string third = log.write(record);
+  setrlimit(RLIMIT_FSIZE, &saved);
+  CHECK(opened.empty());
+  CHECK(first.empty());
+  CHECK(second.empty());
+  CHECK(third == "it reached the file-size limit (ulimit -f: 250 bytes)");
+  struct stat st {};
+  REQUIRE(stat(path.c_str(), &st) == 0);
+  CHECK(st.st_size == 200);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("worker: a log with no space left stops with one warning, and the work goes on") {
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
+  BackgroundWorker worker(router, events, info_for(""), {"a startup warning"});
+  const int full = ::open("/dev/full", O_WRONLY | O_CLOEXEC);
+  REQUIRE(full >= 0);
+  worker.log().adopt(full, "/dev/full");
+  StderrCapture err;
+  worker.begin();  // the start record: ENOSPC
+  CHECK_FALSE(worker.log().is_open());
+  void* a = sync_alloc(router, 0, 1000, never_called);
+  worker.tick(now_ns() + 2000000000ULL);
+  router.free_sync(a, 0, never_called);
+  worker.end(ExitExtras{});
+  const std::string text = err.text();
+  CHECK(count_of(text,
+                 "poolshim: warning: cannot write log : No space left on device; logging "
+                 "stops\n") == 1);
+  CHECK(count_of(text, "warning") == 1);
+}
+
+TEST_CASE("worker: exit waits a bounded time for a write that blocks, and fork does not wait") {
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
+  int pipe_fds[2];
+  REQUIRE(pipe(pipe_fds) == 0);
+  // Fill the pipe: the worker's first write blocks (a reader that stopped reading, a hung
+  // network file system).
+  REQUIRE(fcntl(pipe_fds[1], F_SETFL, O_NONBLOCK) == 0);
+  const std::string block(4096, 'z');
+  while (::write(pipe_fds[1], block.data(), block.size()) > 0) {
+  }
+  REQUIRE(fcntl(pipe_fds[1], F_SETFL, 0) == 0);
+  auto worker =
+      std::make_unique<BackgroundWorker>(router, events, info_for(""), std::vector<std::string>{});
+  worker->log().adopt(pipe_fds[1], "a pipe nobody reads");
+  worker->start();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // blocked in its first write
+  auto t0 = std::chrono::steady_clock::now();
+  worker->pause_for_fork();  // the write is outside the gate fork() waits for
+  const double fork_wait = seconds_since(t0);
+  worker->resume_after_fork();
+  CHECK(fork_wait < 0.05);
+  StderrCapture err;
+  t0 = std::chrono::steady_clock::now();
+  worker->finish(ExitExtras{}, std::chrono::milliseconds(300));
+  const double exit_wait = seconds_since(t0);
+  CHECK(exit_wait >= 0.29);
+  CHECK(exit_wait < 1.0);
+  CHECK(count_of(err.text(),
+                 "poolshim: warning: the log  did not take the final records within 300 ms (a "
+                 "write is blocked); exiting without them\n") == 1);
+  // The reader goes: the write fails (EPIPE: the thread blocks SIGPIPE) and the thread ends.
+  ::close(pipe_fds[0]);
+  t0 = std::chrono::steady_clock::now();
+  worker.reset();  // waits for the thread left behind
+  CHECK(seconds_since(t0) < 2.0);
+}
+
+TEST_CASE("worker: its thread blocks every signal") {
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
+  BackgroundWorker worker(router, events, info_for(""), {});
+  // The thread inherits no mask of ours: unblock everything here first.
+  sigset_t none;
+  sigset_t saved;
+  sigemptyset(&none);
+  pthread_sigmask(SIG_SETMASK, &none, &saved);
+  worker.start();
+  pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+  // Find the worker's thread in /proc/self/task and read its SigBlk line.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::string blocked;
+  DIR* tasks = opendir("/proc/self/task");
+  REQUIRE(tasks != nullptr);
+  while (dirent* e = readdir(tasks)) {
+    if (e->d_name[0] == '.' || std::to_string(gettid()) == e->d_name) continue;
+    std::ifstream status(std::string("/proc/self/task/") + e->d_name + "/status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("SigBlk:", 0) == 0) blocked = line;
+    }
+  }
+  closedir(tasks);
+  worker.finish(ExitExtras{});
+  // Every signal but the two the kernel never lets a thread block (SIGKILL, SIGSTOP); glibc
+  // keeps its own two (32, 33) out of the mask as well.
+  CHECK(blocked == "SigBlk:\tfffffffe7ffbfeff");
 }
