@@ -1,8 +1,13 @@
 #include "call_sites.h"
 
+#include <errno.h>
 #include <execinfo.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <unwind.h>
 
 #include <atomic>
@@ -176,35 +181,119 @@ __thread bool t_no_cache __attribute__((tls_model("initial-exec"))) = false;
 __thread std::uint64_t t_hits __attribute__((tls_model("initial-exec"))) = 0;
 __thread std::uint64_t t_unwinds __attribute__((tls_model("initial-exec"))) = 0;
 
-struct ThreadCacheRelease {
-  ThreadCache* cache = nullptr;
-  ~ThreadCacheRelease() {
-    t_cache = nullptr;
-    t_no_cache = true;  // captures later in this thread's exit unwind
-    if (cache != nullptr) munmap(cache, sizeof(ThreadCache));
+// ---- the first capture of a thread: nothing that is not async-signal-safe --------------------
+// A hook may run in a signal handler, and a thread's first capture may be that one (issue 12):
+// it must neither allocate nor take a lock. pthread_getattr_np does both (it reads
+// /proc/self/maps with stdio on the main thread and reallocates a CPU set on every thread),
+// and so does registering a thread_local destructor (__cxa_thread_atexit_impl calls calloc).
+// So the stack's bounds come from /proc/self/maps read with open/read into a buffer on the
+// stack, and the block is released at thread exit by a pthread key made at load time.
+
+// Finds in /proc/self/maps the main thread's stack ("[stack]", when `address` is 0) or the
+// mapping that holds `address`: [*lo, *hi). Only async-signal-safe calls; false if not found.
+bool find_mapping(std::uintptr_t address, std::uintptr_t* lo, std::uintptr_t* hi) {
+  const int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  // A line: "lo-hi perms offset dev inode   path". Parsed byte by byte: addresses in hex,
+  // then the last 8 bytes of the line, to recognize the "[stack]" path.
+  enum { kLo, kHi, kRest } state = kLo;
+  std::uintptr_t line_lo = 0;
+  std::uintptr_t line_hi = 0;
+  char tail[8] = {};
+  bool found = false;
+  char buffer[4096];
+  while (!found) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    for (ssize_t i = 0; i < n && !found; ++i) {
+      const char c = buffer[i];
+      if (c == '\n') {
+        const bool main_stack = std::memcmp(tail + 1, "[stack]", 7) == 0;
+        if (address == 0 ? main_stack : address >= line_lo && address < line_hi) {
+          *lo = line_lo;
+          *hi = line_hi;
+          found = true;
+        }
+        state = kLo;
+        line_lo = line_hi = 0;
+        std::memset(tail, 0, sizeof tail);
+        continue;
+      }
+      std::memmove(tail, tail + 1, sizeof tail - 1);
+      tail[sizeof tail - 1] = c;
+      const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (state == kLo) {
+        if (digit >= 0) {
+          line_lo = line_lo * 16 + static_cast<std::uintptr_t>(digit);
+        } else {
+          state = c == '-' ? kHi : kRest;
+        }
+      } else if (state == kHi) {
+        if (digit >= 0) {
+          line_hi = line_hi * 16 + static_cast<std::uintptr_t>(digit);
+        } else {
+          state = kRest;
+        }
+      }
+    }
+  }
+  ::close(fd);
+  return found;
+}
+
+// The calling thread's own stack, wherever it runs now (a capture may come from a fiber's
+// stack): the main thread's is "[stack]", as deep as RLIMIT_STACK lets it grow (what
+// pthread_getattr_np reported); any other thread's is the mapping that holds its thread
+// descriptor, which glibc places at the top of the thread's stack.
+bool thread_stack(std::uintptr_t* lo, std::uintptr_t* hi) {
+  if (::getpid() != static_cast<pid_t>(::syscall(SYS_gettid))) {
+    return find_mapping(static_cast<std::uintptr_t>(pthread_self()), lo, hi);
+  }
+  if (!find_mapping(0, lo, hi)) return false;
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_STACK, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+      limit.rlim_cur < *hi && *hi - limit.rlim_cur < *lo) {
+    *lo = *hi - limit.rlim_cur;
+  }
+  return true;
+}
+
+void release_thread_cache(void* block) {
+  t_cache = nullptr;
+  t_no_cache = true;  // captures later in this thread's exit unwind
+  munmap(block, sizeof(ThreadCache));
+}
+
+// Made at load time, before any hook can run. glibc keeps the values of keys below 32
+// (PTHREAD_KEY_2NDLEVEL_SIZE) in the thread descriptor itself: pthread_setspecific of such a
+// key neither allocates nor locks. A higher key could allocate: then no thread caches chains.
+struct ThreadExitKey {
+  pthread_key_t key{};
+  bool usable = false;
+  ThreadExitKey() {
+    usable = pthread_key_create(&key, &release_thread_cache) == 0 &&
+             static_cast<unsigned long>(key) < 32;
   }
 };
+const ThreadExitKey g_thread_exit;
 
-// Once per thread, on its first capture_site. pthread_getattr_np may allocate (and reads
-// /proc/self/maps on the main thread), and so may registering the thread-exit destructor:
-// acceptable once per thread, never on a later capture.
+// Once per thread, on its first capture_site: a block for its cache, released at thread exit.
 __attribute__((noinline, cold)) ThreadCache* open_thread_cache() {
   t_no_cache = true;  // until it is ready (a capture from a signal handler meanwhile unwinds)
-  pthread_attr_t attr;
-  if (pthread_getattr_np(pthread_self(), &attr) != 0) return nullptr;
-  void* stack = nullptr;
-  std::size_t size = 0;
-  const int rc = pthread_attr_getstack(&attr, &stack, &size);
-  pthread_attr_destroy(&attr);
-  if (rc != 0 || stack == nullptr || size == 0) return nullptr;
+  std::uintptr_t lo = 0;
+  std::uintptr_t hi = 0;
+  if (!g_thread_exit.usable || !thread_stack(&lo, &hi)) return nullptr;
   void* p = mmap(nullptr, sizeof(ThreadCache), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                  -1, 0);
-  if (p == MAP_FAILED) return nullptr;         // every capture of this thread unwinds
+  if (p == MAP_FAILED) return nullptr;  // every capture of this thread unwinds
+  if (pthread_setspecific(g_thread_exit.key, p) != 0) {
+    munmap(p, sizeof(ThreadCache));
+    return nullptr;
+  }
   auto* cache = static_cast<ThreadCache*>(p);  // zero pages: every entry empty
-  cache->stack_lo = reinterpret_cast<std::uintptr_t>(stack);
-  cache->stack_hi = cache->stack_lo + size;
-  static thread_local ThreadCacheRelease release;
-  release.cache = cache;
+  cache->stack_lo = lo;
+  cache->stack_hi = hi;
   t_cache = cache;
   t_no_cache = false;
   return cache;
@@ -216,7 +305,12 @@ inline std::uint32_t set_of(std::uintptr_t key) {
          (kSets - 1);
 }
 
-inline bool still_holds(const Entry& e, std::uintptr_t key) {
+// still_holds and remember read stack words of the caller's frames by design (return-address
+// slots, saved frame pointers, and a stale slot in a realigned frame's alignment gap that
+// AddressSanitizer keeps poisoned as a redzone): those reads are not instrumented.
+#define POOLSHIM_RAW_STACK_READS __attribute__((no_sanitize("address", "hwaddress")))
+
+POOLSHIM_RAW_STACK_READS inline bool still_holds(const Entry& e, std::uintptr_t key) {
   for (std::uint32_t i = 0; i < e.count; ++i) {
     if (*reinterpret_cast<const std::uintptr_t*>(key + e.offset[i]) != e.expected[i]) return false;
   }
@@ -225,8 +319,10 @@ inline bool still_holds(const Entry& e, std::uintptr_t key) {
 
 // Keeps the chain just walked, when every slot lies in the thread's stack above `key` and holds
 // what the unwinder reported.
-void remember(ThreadCache& cache, std::uintptr_t key, const CallSiteTable* table, int max_frames,
-              std::uintptr_t skip_begin, std::uintptr_t skip_end, const Walk& w, std::uint32_t id) {
+POOLSHIM_RAW_STACK_READS void remember(ThreadCache& cache, std::uintptr_t key,
+                                       const CallSiteTable* table, int max_frames,
+                                       std::uintptr_t skip_begin, std::uintptr_t skip_end,
+                                       const Walk& w, std::uint32_t id) {
   const std::uint32_t set = set_of(key);
   // Round robin: up to kWays chains filled one after another in a set all stay.
   Entry* victim = &cache.entries[set][cache.next_way[set]++ % kWays];

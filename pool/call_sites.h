@@ -87,20 +87,24 @@ int capture_frames(std::uintptr_t* out, int max_frames, std::uintptr_t skip_begi
 /// frame outwards (the frames inside it are still right). (Code unloaded and other code
 /// loaded at the same addresses is the same case.)
 ///
-/// Known limits of the bookkeeping (review of d60eaa8): with RLIMIT_STACK unlimited glibc
-/// reports the main thread's stack down to the heap, so a fiber stack taken from the heap
-/// counts as inside it (harmless for fixed-size frames: a hit reads only what an unwind would
-/// read); a thread whose first capture comes after its C++ thread_local destructors ran
-/// leaks its cache block (20 KiB); a signal handler that siglongjmps out of a capture leaves
-/// that thread unwinding every time.
+/// Known limits of the bookkeeping: the thread's stack is, in /proc/self/maps, "[stack]" for
+/// the main thread (extended to RLIMIT_STACK) and the mapping that holds the thread's glibc
+/// descriptor for any other, and the kernel merges adjacent anonymous mappings of the same
+/// protection, so a fiber stack mapped right next to a thread's stack can count as inside it
+/// (harmless for fixed-size frames: a hit reads only what an unwind would read); a signal handler
+/// that siglongjmps out of a capture leaves that thread unwinding every time.
 ///
 /// The cache is per thread (stack addresses mean something only on their own stack) and is
-/// used only while the key and every slot lie inside the thread's stack as pthread reports
-/// it: on a foreign stack (fibers, makecontext, sigaltstack) every capture unwinds. Its
-/// memory is one mmap'd block per thread (kSiteCacheEntries entries, set-associative), made
-/// on the thread's first capture and unmapped at thread exit; without it (mmap failed, stack
-/// unknown) every capture unwinds. The hit path takes no lock and allocates nothing; the
-/// first capture of a thread may allocate (pthread_getattr_np, the thread-exit hook).
+/// used only while the key and every slot lie inside the thread's stack: on a foreign stack
+/// (fibers, makecontext, sigaltstack) every capture unwinds. Its memory is one mmap'd block
+/// per thread (kSiteCacheEntries entries, set-associative), made on the thread's first
+/// capture and unmapped at thread exit (a pthread key's destructor, the key made at load
+/// time); without it (mmap failed, stack unknown, the key not one of glibc's first 32) every
+/// capture unwinds. Every capture is async-signal-safe as far as the shim goes (a hook may run
+/// in a signal handler): the hit path reads a few stack words; the first capture of a thread
+/// reads /proc/self/maps with open/read into a stack buffer, mmaps its block and sets the key,
+/// with no allocation and no lock (issue 12: pthread_getattr_np and a thread_local destructor
+/// did both). The unwind itself is libgcc's _Unwind_Backtrace, warmed up at start.
 std::uint32_t capture_site(CallSiteTable& table, int max_frames, std::uintptr_t skip_begin,
                            std::uintptr_t skip_end);
 

@@ -53,6 +53,8 @@ std::uintptr_t probe_end() {
   return reinterpret_cast<std::uintptr_t>(__stop_poolshim_cs_probe);
 }
 
+extern "C" int __backtrace(void** buffer, int size);  // glibc exports it (GLIBC_2.2.5)
+
 PROBE void probe(Probe& p) {
   if (p.table != nullptr) p.id = capture_site(*p.table, p.max, probe_begin(), probe_end());
   std::uintptr_t frames[kMaxCallSiteFrames];
@@ -60,7 +62,9 @@ PROBE void probe(Probe& p) {
   p.cold.assign(frames, frames + n);
   if (p.glibc) {
     void* raw[kMaxCallSiteFrames + 1];
-    const int got = backtrace(raw, p.max + 1);
+    // glibc's own entry: a sanitizer build intercepts `backtrace`, and its interceptor's frame
+    // would come first.
+    const int got = __backtrace(raw, p.max + 1);
     p.via_libc.clear();
     for (int i = 1; i < got; ++i) p.via_libc.push_back(reinterpret_cast<std::uintptr_t>(raw[i]));
   }
