@@ -41,10 +41,8 @@ decltype(cuStreamBeginCapture_v2) cuStreamBeginCapture_v2_ptsz;
 decltype(cuStreamBeginCaptureToGraph) cuStreamBeginCaptureToGraph_ptsz;
 decltype(cuStreamEndCapture) cuStreamEndCapture_ptsz;
 
-// Set by poolshim_dlsym_intercept, used by the dlsym trampoline (dlsym_trampoline.S).
-__attribute__((visibility("hidden"))) void* poolshim_real_dlsym = nullptr;
-__attribute__((visibility("hidden"))) void* poolshim_dlsym_intercept(void* handle,
-                                                                     const char* name);
+// The instrumented half of the exported dlsym (its entry is shim/dlsym_entry.cpp).
+__attribute__((visibility("hidden"))) void* poolshim_dlsym_hook(void* handle, const char* name);
 }
 
 using poolshim::RealResult;
@@ -617,21 +615,6 @@ POOLSHIM_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cu
 
 namespace poolshim::shim {
 
-DlsymFunction real_dlsym() {
-  static DlsymFunction found = [] {
-    void* f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (f == nullptr) f = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-    if (f == nullptr) {
-      static const char message[] = "poolshim: fatal: cannot find the C library's dlsym\n";
-      const ssize_t ignored = write(STDERR_FILENO, message, sizeof message - 1);
-      (void)ignored;
-      std::abort();
-    }
-    return reinterpret_cast<DlsymFunction>(f);
-  }();
-  return found;
-}
-
 void* driver_library() {
   static std::atomic<void*> handle{nullptr};
   void* h = handle.load(std::memory_order_acquire);
@@ -644,17 +627,10 @@ void* driver_library() {
 
 }  // namespace poolshim::shim
 
-// Answers dlsym(handle, name) with our hook when `name` is a hooked driver entry point and
-// the handle's answer is libcuda's own function; returns null for everything else, and the
-// trampoline then jumps to the real dlsym with the caller's return address intact.
-void* poolshim_dlsym_intercept(void* handle, const char* name) {
-  if (poolshim_real_dlsym == nullptr) {
-    poolshim_real_dlsym = reinterpret_cast<void*>(poolshim::shim::real_dlsym());
-  }
-  // RTLD_DEFAULT and RTLD_NEXT search the global scope, where our exports already come first
-  // for the callers they should: leave them to the real dlsym (and its caller-relative rules).
-  if (name == nullptr || handle == RTLD_DEFAULT || handle == RTLD_NEXT) return nullptr;
-  if (name[0] != 'c' || name[1] != 'u') return nullptr;
+// dlsym(handle, "cu...") with a real handle (dlsym_entry.cpp has ruled out the rest): our hook
+// when `name` is a hooked driver entry point and the handle's answer is libcuda's own function,
+// else null (the trampoline then jumps to the real dlsym).
+void* poolshim_dlsym_hook(void* handle, const char* name) {
   const int i = hook_index(name);
   if (i < 0) return nullptr;
   void* answer = poolshim::shim::real_dlsym()(handle, name);

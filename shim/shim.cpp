@@ -34,8 +34,27 @@ namespace {
 
 // Initial-exec TLS: no __tls_get_addr call and no allocation on a thread's first hook.
 __thread int t_hook_depth __attribute__((tls_model("initial-exec"))) = 0;
+__thread int t_in_flight_shard __attribute__((tls_model("initial-exec"))) = -1;
+
+// Outermost hooks in progress, in per-thread shards (one cache line each, like the counters):
+// the exit handler waits for them to drain, so that the exit record is one snapshot (issue 12:
+// live_allocs and the leak count disagreed while threads were inside hooks at exit).
+struct alignas(64) InFlight {
+  std::atomic<std::int64_t> hooks{0};
+};
+InFlight g_in_flight[kCounterShards];
+std::atomic<int> g_next_in_flight_shard{0};
+
+std::int64_t hooks_in_flight() {
+  std::int64_t n = 0;
+  for (const auto& shard : g_in_flight) n += shard.hooks.load(std::memory_order_seq_cst);
+  return n;
+}
 
 enum Phase : int { kIdle, kStarting, kRunning, kFailed };
+
+// How long the exit handler waits for hooks in progress to finish.
+constexpr std::uint64_t kExitDrainNs = 1000000000ULL;
 
 // Never destroyed: hooks can run during static destruction and after our atexit handler.
 struct State {
@@ -181,9 +200,15 @@ void on_exit() {
   static std::atomic<bool> done{false};
   if (done.exchange(true)) return;
   // From here on every hook passes through: the runtime may tear down after this handler.
-  s.exiting.store(true);
+  s.exiting.store(true, std::memory_order_seq_cst);
   const int phase = s.phase.load(std::memory_order_acquire);
   if (phase == kRunning) {
+    // Hooks that began before `exiting` was set finish their work first (bounded: a thread
+    // may sit in a sync cudaFree behind a long kernel, or this thread may have been inside a
+    // hook when a signal handler called exit).
+    const std::int64_t own = t_hook_depth > 0 ? 1 : 0;
+    const std::uint64_t give_up = now_ns() + kExitDrainNs;
+    while (hooks_in_flight() > own && now_ns() < give_up) sched_yield();
     ExitExtras extras;
     if (s.router->pooled_allocations() == 0) {
       extras.notes.emplace_back(
@@ -242,8 +267,8 @@ void init_state() {
   s.load_mono_ns = now_ns();
   s.load_unix_s = static_cast<std::uint64_t>(std::time(nullptr));
   s.parsed = parse_config(environment_strings());
-  if (s.parsed.config.strict && !s.parsed.warnings.empty()) {
-    for (const auto& w : s.parsed.warnings) print_stderr("error: " + w);
+  if (s.parsed.config.strict && !s.parsed.errors.empty()) {
+    for (const auto& e : s.parsed.errors) print_stderr("error: " + e);
     print_stderr(
         "error: POOLSHIM_STRICT is set and the configuration has problems; refusing to start");
     _exit(2);
@@ -260,14 +285,24 @@ __attribute__((constructor)) void on_load() {
 
 }  // namespace
 
-HookScope::HookScope() : outermost_(t_hook_depth++ == 0) {}
+HookScope::HookScope() : outermost_(t_hook_depth++ == 0) {
+  if (!outermost_) return;
+  if (t_in_flight_shard < 0) {
+    t_in_flight_shard =
+        g_next_in_flight_shard.fetch_add(1, std::memory_order_relaxed) % kCounterShards;
+  }
+  // seq_cst, and before the hook reads `exiting` (router_for_call): either the exit handler
+  // sees this hook in flight, or this hook sees `exiting` and passes through.
+  g_in_flight[t_in_flight_shard].hooks.fetch_add(1, std::memory_order_seq_cst);
+}
 HookScope::~HookScope() {
+  if (outermost_) g_in_flight[t_in_flight_shard].hooks.fetch_sub(1, std::memory_order_release);
   --t_hook_depth;
 }
 
 Router* router_for_call() {
   State& s = state();
-  if (!s.parsed.config.enable || s.exiting.load(std::memory_order_relaxed) ||
+  if (!s.parsed.config.enable || s.exiting.load(std::memory_order_seq_cst) ||
       s.forked_child_passthrough.load(std::memory_order_relaxed)) {
     return nullptr;
   }
