@@ -16,9 +16,9 @@ import tempfile
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from harness import (ROOT, Failure, check_proc_address, compare, exit_device, expect,  # noqa: E402
-                     expect_equal, logs_in, parse_fields, poolshim_log, records_of, run_process,
-                     clean_environment, with_shim)
+from harness import (ROOT, SANITIZER_RUNTIME, Failure, check_proc_address, compare,  # noqa: E402
+                     exit_device, expect, expect_equal, logs_in, parse_fields, poolshim_log, records_of,
+                     run_process, clean_environment, sanitizer_runtime, with_shim)
 
 MiB = 1 << 20
 CASES = {}
@@ -40,6 +40,8 @@ def base_env(extra=None):
     env["LD_LIBRARY_PATH"] = double + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     env["CUDADOUBLE_MEM"] = "1G"
     env["CUDADOUBLE_DEVICES"] = "1"
+    if sanitizer_runtime(BUILD):
+        env[SANITIZER_RUNTIME] = sanitizer_runtime(BUILD)
     env.update(extra or {})
     return env
 
@@ -557,7 +559,7 @@ def case_ordered_free_mode_without_seen_streams_falls_back_to_sync(tmp):
 @case
 def case_launcher_summary_and_status(tmp):
     launcher = os.path.join(ROOT, "scripts", "poolshim")
-    env = base_env({"POOLSHIM_LIBRARY": os.path.join(BUILD, "libpoolshim.so")})
+    env = launcher_env()
     log = os.path.join(tmp, "log-%p.jsonl")
     done = subprocess.run([launcher, "--log", log, "--conf", "backtrace=6", "--", program("demo"), "10", str(1 << 16)], env=env,
                           capture_output=True, text=True, timeout=60)
@@ -749,6 +751,198 @@ def case_log_reader_rejects_foreign_lines(tmp):
         expect_equal(str(e), f"{path}:2: not a poolshim record (no schema, type, t, pid)", "message")
     else:
         raise Failure("a foreign line was accepted")
+
+
+# ---- hardening: the shim never hangs, kills or writes into its host (issue 12) -------------
+
+def host_edges(*args):
+    return [program("host_edges")] + [str(a) for a in args]
+
+
+def shim_library():
+    return os.path.join(BUILD, "libpoolshim.so")
+
+
+def gcc_runtime(name):
+    found = subprocess.run(["gcc", f"-print-file-name={name}"], capture_output=True, text=True).stdout.strip()
+    path = os.path.realpath(found)
+    expect(os.path.isabs(found) and os.path.exists(path), f"{name} not found: gcc's sanitizer runtimes come with g++")
+    return path
+
+
+def warnings_of(result, text):
+    return result.err.count(f"poolshim: warning: {text}\n")
+
+
+@case
+def case_sanitizer_runtime_first_in_preload_starts(tmp):
+    """Defect 1: ASan and TSan look up functions through dlsym while they initialize, and met
+    a guarded static and instrumented code there: `libtsan.so:libpoolshim.so /bin/true` exited
+    139. In a sanitizer job its own runtime goes first anyway (the harness): it checks that one."""
+    own = sanitizer_runtime(BUILD)
+    runtimes = [own] if own else [gcc_runtime("libasan.so"), gcc_runtime("libtsan.so")]
+    for runtime in runtimes:
+        env = base_env({"ASAN_OPTIONS": "detect_leaks=0", "LD_PRELOAD": runtime + ":" + shim_library(),
+                        "POOLSHIM_LOG": os.path.join(tmp, "log-%p.jsonl")})
+        env.pop(SANITIZER_RUNTIME, None)
+        done = subprocess.run(["true"], env=env, capture_output=True, text=True, timeout=60)
+        expect_equal(done.returncode, 0, f"/bin/true with {os.path.basename(runtime)} first, then the shim")
+        native = run_process([program("churn"), "200", "8", "65536"], dict(env, LD_PRELOAD=runtime))
+        shim = run_process([program("churn"), "200", "8", "65536"], env)
+        compare(["churn", "with", runtime], native, shim)
+        expect_equal(shim.rc, 0, "churn's exit status")
+
+
+@case
+def case_fifo_log_is_refused_without_blocking(tmp):
+    """Defect 2: a FIFO as the log hung the application for ever (open without O_NONBLOCK,
+    then exit and fork waited for the worker)."""
+    fifo = os.path.join(tmp, "f.jsonl")
+    os.mkfifo(fifo)
+    message = f"cannot open log {fifo}: it is a FIFO, not a regular file; running without a log"
+    native = run([program("churn"), "100", "8", "65536"], False, tmp)
+    shim = run([program("churn"), "100", "8", "65536"], True, tmp, {"POOLSHIM_LOG": fifo}, timeout=20)
+    compare(["churn", "logging to a FIFO"], native, shim)
+    expect_equal(warnings_of(shim, message), 1, f"the warning in\n{shim.err}")
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader that never reads
+    try:
+        shim = run([program("fork_child"), "after"], True, tmp, {"POOLSHIM_LOG": fifo}, timeout=20)
+    finally:
+        os.close(reader)
+    expect_equal(shim.rc, 0, "fork_child's exit status")
+    expect_equal(warnings_of(shim, message), 1, f"the warning in\n{shim.err}")
+
+
+@case
+def case_hard_linked_log_is_refused(tmp):
+    """Defect 5: the log was opened without an owner or link check: a hard link planted as the
+    log had the shim append to the linked file."""
+    victim = os.path.join(tmp, "victim.txt")
+    link = os.path.join(tmp, "planted.jsonl")
+    with open(victim, "w") as f:
+        f.write("precious\n")
+    os.link(victim, link)
+    native, shim = differential([program("churn"), "100", "8", "65536"], tmp, {"POOLSHIM_LOG": link})
+    expect_equal(warnings_of(shim, f"cannot open log {link}: it has 2 hard links; running without a log"), 1,
+                 f"the warning in\n{shim.err}")
+    with open(victim) as f:
+        expect_equal(f.read(), "precious\n", "the linked file")
+
+
+@case
+def case_log_is_private_to_its_user(tmp):
+    """The log holds the command line and the configuration: created 0600, not 0644."""
+    old = os.umask(0o022)
+    try:
+        differential([program("churn"), "10", "4", "65536"], tmp)
+    finally:
+        os.umask(old)
+    mode = os.stat(logs(tmp)[0]).st_mode & 0o777
+    expect_equal(oct(mode), oct(0o600), "the log's mode")
+
+
+@case
+def case_file_size_limit_stops_the_log_not_the_program(tmp):
+    """Defect 3: past RLIMIT_FSIZE the worker's write raised SIGXFSZ and killed the program
+    (exit status 153). Now the log stops before a record would be cut, with one warning."""
+    limited = [sys.executable, "-c",
+               # Python ignores SIGXFSZ, and exec would pass that on: the default for the program.
+               "import os, resource, signal, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384)); "
+               "signal.signal(signal.SIGXFSZ, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])",
+               program("churn"), "100000", "16", "65536"]
+    log = os.path.join(tmp, "log-%p.jsonl")
+    native = run(limited, False, tmp)
+    shim = run(limited, True, tmp, {"POOLSHIM_SAMPLE_MS": "1", "POOLSHIM_LOG": log}, timeout=120)
+    compare(["churn under ulimit -f 16"], native, shim)
+    expect_equal(shim.rc, 0, "exit status")
+    path = logs(tmp)[0]
+    message = f"cannot write log {path}: it reached the file-size limit (ulimit -f: 16384 bytes); logging stops"
+    expect_equal(warnings_of(shim, message), 1, f"the warning in\n{shim.err}")
+    records = poolshim_log.read_log(path)  # every line whole
+    expect(os.path.getsize(path) <= 16384, f"the log grew past the limit: {os.path.getsize(path)}")
+    expect(len(records_of(records, "sample")) > 3, "samples before the limit")
+
+
+@case
+def case_daemon_closing_descriptors_keeps_its_files(tmp):
+    """Defect 4: a daemon-style program that closes every descriptor above 2 and opens its own
+    file got the shim's records in that file, and the shim closed the program's descriptor at
+    exit. Now the log's descriptor is high and checked by device and inode before each write."""
+    own = os.path.join(tmp, "own.txt")
+    native = run(host_edges("daemon_fds", own), False, tmp)
+    shim = run(host_edges("daemon_fds", own), True, tmp, {"POOLSHIM_SAMPLE_MS": "20"})
+    compare(["host_edges", "daemon_fds"], native, shim)
+    expect_equal(shim.out.splitlines()[-1], "descriptors still open after exit handlers: 1021", "the program's descriptors")
+    with open(own) as f:
+        expect_equal(f.read(), "the program's own line\n", "the program's file")
+    path = logs(tmp)[0]
+    expect_equal(warnings_of(shim, f"cannot write log {path}: its descriptor was closed or reused by the program; "
+                                   "logging stops"), 1, f"the warning in\n{shim.err}")
+    poolshim_log.read_log(path)
+
+
+@case
+def case_signal_blocked_by_the_program_never_reaches_the_shim_thread(tmp):
+    """Defect 7: the worker thread did not block signals, so a signal the program blocked in its
+    threads to take with sigwait was delivered there and killed the process."""
+    native, shim = differential(host_edges("sigwait", 2000), tmp)  # 20 often survived before
+    expect_equal(shim.out, "took 2000 of 2000 signals with sigwait\n", "output")
+    expect_equal(shim.rc, 0, "exit status")
+
+
+@case
+def case_exit_record_is_one_snapshot_while_threads_allocate(tmp):
+    """Defect 11: with threads inside hooks at exit, live_allocs and the leak count disagreed
+    (28 of 30 runs). Now the exit handler waits for hooks in flight before the snapshot."""
+    for attempt in range(10):
+        folder = os.path.join(tmp, str(attempt))
+        os.mkdir(folder)
+        shim = run(host_edges("exit_while_allocating", 4), True, folder, timeout=60)
+        expect_equal(shim.rc, 0, f"exit status (run {attempt})\n{shim.err}")
+        records = poolshim_log.read_log(logs_in(folder)[0])
+        ex = [r for r in records if r["type"] == "exit"][0]
+        live = sum(d["live_allocs"] for d in ex["devices"])
+        requested = sum(d["requested_bytes"] for d in ex["devices"])
+        expect_equal((live, requested), (ex["leaks"]["count"], ex["leaks"]["bytes"]),
+                     f"live allocations and bytes against the leak report (run {attempt})")
+
+
+@case
+def case_dlclose_of_a_dlopened_shim_does_not_hang(tmp):
+    """Defect 12: dlclose ran the exit handler under the loader's lock, and it joined the worker:
+    a deadlock. The library is linked -z nodelete: it stays loaded."""
+    shim = run(host_edges("dlclose", shim_library()), False, tmp,
+               {"POOLSHIM_LOG": os.path.join(tmp, "log-%p.jsonl")}, timeout=20)
+    expect_equal((shim.rc, shim.out), (0, "dlclose -> 0\nafter dlclose\n"), f"exit status and output\n{shim.err}")
+
+
+@case
+def case_prometheus_file_replaces_only_a_regular_file_of_ours(tmp):
+    """Defect 5: POOLSHIM_PROM_FILE replaced whatever was at the path (a device node became a
+    regular file) and wrote through a predictable temporary name opened with O_TRUNC, so a hard
+    link planted there had the shim overwrite the linked file."""
+    fifo = os.path.join(tmp, "metrics.prom")
+    os.mkfifo(fifo)
+    native, shim = differential([program("churn"), "2000", "8", "65536"], tmp,
+                                {"POOLSHIM_PROM_FILE": fifo, "POOLSHIM_SAMPLE_MS": "5"})
+    expect(os.path.exists(fifo) and not os.path.isfile(fifo), "the FIFO was replaced")
+    expect_equal(warnings_of(shim, f"POOLSHIM_PROM_FILE: refusing to replace {fifo}: it is not a regular file"), 1,
+                 f"the warning in\n{shim.err}")
+    os.unlink(fifo)
+    victim = os.path.join(tmp, "victim.txt")
+    with open(victim, "w") as f:
+        f.write("precious\n")
+    prom = os.path.join(tmp, "metrics.prom")
+    # The shell plants a hard link under the old temporary name (<path>.tmp.<pid>; exec keeps
+    # the pid), then becomes the program.
+    planted = ["sh", "-c", 'victim=$0; prom=$1; shift; ln "$victim" "$prom.tmp.$$" && exec "$@"', victim, prom,
+               program("churn"), "2000", "8", "65536"]
+    shim = run(planted, True, tmp, {"POOLSHIM_PROM_FILE": prom, "POOLSHIM_SAMPLE_MS": "5"})
+    expect_equal(shim.rc, 0, f"exit status\n{shim.err}")
+    with open(victim) as f:
+        expect_equal(f.read(), "precious\n", "the file linked under the old temporary name")
+    with open(prom) as f:
+        expect("poolshim_reserved_bytes" in f.read(), "the metrics file")
 
 
 def main():
