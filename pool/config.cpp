@@ -9,12 +9,14 @@
 namespace poolshim {
 
 const std::vector<OptionInfo>& option_table() {
-  static const std::vector<OptionInfo> table = {
+  // Never destroyed: the background thread reads it during exit (a ThreadSanitizer run caught
+  // the start record reading it after static destruction had freed it).
+  static const auto* const table = new std::vector<OptionInfo>{
 #define POOLSHIM_INFO(name, kind, def, meaning) {#name, OptionKind::kind, def, meaning},
       POOLSHIM_OPTIONS(POOLSHIM_INFO)
 #undef POOLSHIM_INFO
   };
-  return table;
+  return *table;
 }
 
 std::vector<std::string> choice_values(std::string_view option_name) {
@@ -160,11 +162,10 @@ int device_limit_index(std::string_view name) {
 // 100 KB line, and newlines or terminal escape codes reached the terminal): in quotes, control
 // characters, quotes, backslashes and bytes that are not UTF-8 as \xNN, cut after 60 bytes with
 // the length said.
-std::string shown(std::string_view text, bool quoted) {
-  constexpr std::size_t kShown = 60;
+std::string shown(std::string_view text, bool quoted, std::size_t limit = 60) {
   std::string out = quoted ? "\"" : "";
   std::size_t i = 0;
-  for (; i < text.size() && i < kShown; ++i) {
+  for (; i < text.size() && i < limit; ++i) {
     const auto c = static_cast<unsigned char>(text[i]);
     if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
       out += static_cast<char>(c);
@@ -172,7 +173,7 @@ std::string shown(std::string_view text, bool quoted) {
     }
     if (c >= 0x80) {
       const std::size_t n = utf8_sequence_length(text, i);
-      if (n > 0 && i + n <= kShown) {
+      if (n > 0 && i + n <= limit) {
         out.append(text.substr(i, n));
         i += n - 1;
         continue;
@@ -397,9 +398,10 @@ std::vector<std::string> describe_config(const Config& config) {
   std::vector<std::string> lines;
   const auto& table = option_table();
   for (std::size_t i = 0; i < table.size(); ++i) {
+    // A valid value may hold any byte (a path): escaped like a bad one, but shown whole.
     lines.push_back(std::string(table[i].name) + " = " +
-                    (config.texts[i].empty() ? "\"\"" : config.texts[i]) + " (" +
-                    source_name(config.sources[i]) + ")");
+                    (config.texts[i].empty() ? "\"\"" : shown(config.texts[i], false, 4096)) +
+                    " (" + source_name(config.sources[i]) + ")");
   }
   for (const auto& [device, value] : config.device_limits) {
     lines.push_back(
