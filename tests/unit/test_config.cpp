@@ -1,9 +1,11 @@
 #include <catch2/catch.hpp>
 
+#include <random>
 #include <string>
 #include <vector>
 
 #include "config.h"
+#include "json.h"
 
 using namespace poolshim;
 
@@ -195,4 +197,149 @@ TEST_CASE("config: describe lists every option with its source") {
 
 TEST_CASE("config: variable names are POOLSHIM_ and the upper-case name") {
   CHECK(env_name("idle_trim_ms") == "POOLSHIM_IDLE_TRIM_MS");
+}
+
+// ---- hostile environments, generated (issue 12: fuzzing that stays) -----------------------
+
+namespace {
+
+// A value worth trying: valid forms of every kind, their near misses, huge and odd ones.
+std::string hostile_value(std::mt19937& rng) {
+  static const std::vector<std::string> pieces = {"0",
+                                                  "1",
+                                                  "yes",
+                                                  "off",
+                                                  "500",
+                                                  "2s",
+                                                  "500ms",
+                                                  "1.5s",
+                                                  "-1",
+                                                  "18446744073709551616",
+                                                  "99999999999999999999T",
+                                                  "1e400",
+                                                  "nan",
+                                                  "inf",
+                                                  "5%",
+                                                  "100%",
+                                                  "101%",
+                                                  "-5%",
+                                                  "0.0001%",
+                                                  "512M",
+                                                  "1G",
+                                                  "3T",
+                                                  "16E",
+                                                  "1K1",
+                                                  " 1G ",
+                                                  "sync",
+                                                  "ordered",
+                                                  "lazy",
+                                                  "%p",
+                                                  "%q",
+                                                  "%",
+                                                  "%%",
+                                                  "x-%h-%r-%t.jsonl",
+                                                  "/tmp/a/b",
+                                                  "",
+                                                  ",",
+                                                  "=",
+                                                  "==",
+                                                  "\x1b[31m",
+                                                  "\r\n",
+                                                  "\x07",
+                                                  "\xed\xa0\x80",
+                                                  "\xc0\xaf",
+                                                  "\xff",
+                                                  "caf\xc3\xa9",
+                                                  "32",
+                                                  "33",
+                                                  "007",
+                                                  "4294967296"};
+  std::uniform_int_distribution<int> kind(0, 9);
+  std::uniform_int_distribution<std::size_t> pick(0, pieces.size() - 1);
+  switch (kind(rng)) {
+    case 0: {  // random bytes (no NUL: environment strings cannot hold one)
+      std::uniform_int_distribution<int> length(0, 80);
+      std::uniform_int_distribution<int> byte(1, 255);
+      std::string v(static_cast<std::size_t>(length(rng)), 'x');
+      for (auto& c : v) c = static_cast<char>(byte(rng));
+      return v;
+    }
+    case 1:  // very long
+      return std::string(std::uniform_int_distribution<int>(100, 20000)(rng), '9') + "M";
+    case 2:
+    case 3:  // two pieces glued
+      return pieces[pick(rng)] + pieces[pick(rng)];
+    default:
+      return pieces[pick(rng)];
+  }
+}
+
+bool printable_utf8(const std::string& line) {
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const auto c = static_cast<unsigned char>(line[i]);
+    if (c < 0x20 || c == 0x7f) return false;
+    if (c >= 0x80) {
+      const std::size_t n = utf8_sequence_length(line, i);
+      if (n == 0) return false;
+      i += n - 1;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("config: 2000 generated hostile environments give bounded, printable messages") {
+  std::mt19937 rng(20261203);  // fixed: the same environments on every run
+  const auto& table = option_table();
+  std::uniform_int_distribution<std::size_t> option(0, table.size() - 1);
+  std::uniform_int_distribution<int> entries(0, 12);
+  std::uniform_int_distribution<int> shape(0, 9);
+  std::size_t total_warnings = 0;
+  for (int round = 0; round < 2000; ++round) {
+    std::vector<std::string> env;
+    std::string conf;
+    for (int e = entries(rng); e > 0; --e) {
+      const std::string name = table[option(rng)].name;
+      const std::string value = hostile_value(rng);
+      switch (shape(rng)) {
+        case 0:
+          env.push_back("POOLSHIM_" + hostile_value(rng) + "=" + value);  // a mangled name
+          break;
+        case 1:
+          env.push_back("POOLSHIM_LIMIT_" + hostile_value(rng) + "=" + value);
+          break;
+        case 2:
+        case 3:
+        case 4:
+          conf += name + "=" + value + ",";
+          break;
+        default:
+          env.push_back(env_name(name) + "=" + value);
+      }
+    }
+    if (!conf.empty()) env.push_back("POOLSHIM_CONF=" + conf);
+    const ParsedConfig p = parse_config(env);
+    INFO("round " << round);
+    REQUIRE(p.warnings.size() == p.errors.size());
+    REQUIRE(p.warnings.size() <= 17);
+    total_warnings += p.warnings.size();
+    for (const auto& w : p.warnings) {
+      CHECK(printable_utf8(w));
+      CHECK(w.size() <= 400);
+    }
+    for (const auto& e : p.errors) CHECK(e.find("; using ") == std::string::npos);
+    for (const auto& line : describe_config(p.config)) CHECK(printable_utf8(line));
+    REQUIRE(p.config.sources.size() == table.size());
+    REQUIRE(p.config.texts.size() == table.size());
+    CHECK(p.config.backtrace >= 0);
+    CHECK(p.config.backtrace <= 32);
+    CHECK((p.config.free == "sync" || p.config.free == "ordered"));
+    // Parsing is a function of the environment: the same answer again.
+    const ParsedConfig again = parse_config(env);
+    CHECK(again.warnings == p.warnings);
+    CHECK(again.config.texts == p.config.texts);
+  }
+  // The generator does make problems (a generator that made none would test nothing).
+  CHECK(total_warnings > 2000);
 }
