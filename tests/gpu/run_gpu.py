@@ -44,7 +44,11 @@ PROGRAMS = {  # name -> (source, extra nvcc flags); each built with the shared a
     "kernels_diff": ("tests/gpu/kernels_diff.cu", []),
     "kernels_diff_ptds": ("tests/gpu/kernels_diff.cu", ["--default-stream", "per-thread"]),
     "churn_ptds": ("tests/programs/churn.cpp", ["-DCUDA_API_PER_THREAD_DEFAULT_STREAM=1"]),
+    "host_edges": ("tests/programs/host_edges.cpp", ["-ldl"]),
 }
+# Built with g++ -fsanitize=thread against the real runtime (issue 12: ThreadSanitizer looks up
+# its functions through dlsym while it starts, and crashed there with the shim preloaded).
+TSAN_PROGRAMS = {"threads": "tests/programs/threads.cpp", "churn": "tests/programs/churn.cpp"}
 DRIVER_PROGRAMS = {  # no CUDA runtime at all
     "driver_alloc": ("tests/programs/driver_alloc.cpp", ["-ldl"]),
     "driver_linked": ("tests/programs/driver_linked.cpp", ["-lcuda"]),
@@ -76,6 +80,13 @@ class Suite:
             jobs.append([os.path.join(CUDA, "bin", "nvcc"), "-O2", "-std=c++17", "-arch=sm_90",
                          "-Itests/programs", "-cudart", runtime, os.path.join(ROOT, source),
                          "-o", target, "-lpthread", *flags])
+        for name, source in TSAN_PROGRAMS.items():
+            for runtime, libraries in (("shared", ["-lcudart"]), ("static", ["-lcudart_static", "-ldl", "-lrt"])):
+                target = self.binary(name, "tsan-" + runtime)
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                jobs.append(["g++", "-O1", "-g", "-std=c++17", "-fsanitize=thread", "-Itests/programs",
+                             "-I" + os.path.join(CUDA, "include"), os.path.join(ROOT, source), "-o", target,
+                             "-L" + os.path.join(CUDA, "lib64"), *libraries, "-lpthread"])
         with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
             done = list(pool.map(lambda cmd: subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True), jobs))
         for cmd, d in zip(jobs, done):
@@ -250,6 +261,8 @@ class Suite:
                                 f"{d.get('legacy_reuses')}\n" + shim.out)
                     self.case(f"{variant}, free mode {mode} [{runtime}]", kernels)
 
+        self.run_host_edge_cases()
+
         def selfcheck():
             native, shim, logs = self.differential("selfcheck", [self.binary("kernels_diff", "shared"), "selfcheck"])
             expect("detector_self_check: block_reused=1 corruption_detected=1" in shim.out, shim.out)
@@ -301,6 +314,59 @@ class Suite:
             return f"{shim.out.strip()}; runs unchanged; {pooled} allocations reached the shim; paths {paths}"
         if self.jax:
             self.case("JAX runs unchanged under the shim (platform allocator)", jax)
+
+    def run_host_edge_cases(self):
+        """Issue 12 on the real driver: a program taking signals with sigwait, the exit record as
+        one snapshot, dlclose, and a ThreadSanitizer-built CUDA program under the shim. (The
+        daemon that closes every descriptor is a CPU case only: on a GPU it closes the driver's
+        own descriptors too, and fails natively.)"""
+        for runtime in RUNTIMES:
+            def sigwait(runtime=runtime):
+                # `early`: blocked before CUDA starts, so that the driver's threads block it too
+                # (a program that blocks it later loses signals to them natively).
+                native, shim, logs = self.differential(f"sigwait-{runtime}", [self.binary("host_edges", runtime),
+                                                                              "sigwait", "2000", "early"])
+                expect_equal((shim.rc, shim.out), (0, "took 2000 of 2000 signals with sigwait\n"), "status and output")
+            self.case(f"signals the program blocks to take with sigwait never reach the shim's thread [{runtime}]",
+                      sigwait)
+
+            for name in TSAN_PROGRAMS:
+                def tsan(runtime=runtime, name=name):
+                    args = [self.binary(name, "tsan-" + runtime)] + (["2000", "16", str(1 << 20)] if name == "churn" else [])
+                    # GCC 12's ThreadSanitizer cannot run with the high mmap randomization of
+                    # newer kernels ("unexpected memory mapping"): then without ASLR, both runs.
+                    options = {"TSAN_OPTIONS": "exitcode=0:suppressions=" +
+                               os.path.join(ROOT, "scripts", "tsan-suppressions.txt")}
+                    probe = run_process(args, self.env(options), 300)
+                    if "unexpected memory mapping" in probe.err:
+                        args = ["setarch", os.uname().machine, "-R"] + args
+                    native, shim, logs = self.differential(f"tsan-{name}-{runtime}", args, options)
+                    expect_equal(shim.rc, 0, f"exit status\n{shim.describe()}")
+                    reports = [shim.err.count("WARNING: ThreadSanitizer"), native.err.count("WARNING: ThreadSanitizer")]
+                    expect_equal(reports[0], reports[1], f"ThreadSanitizer reports with and without the shim\n{shim.err[-4000:]}")
+                    self.pooled(logs, 2400 if name == "threads" else None, runtime)
+                    return f"ThreadSanitizer reports: {reports[0]} with the shim, {reports[1]} without"
+                self.case(f"a ThreadSanitizer-built {name} runs under the shim [{runtime}]", tsan)
+
+        def exit_snapshot():
+            native = run_process([self.binary("host_edges", "shared"), "exit_while_allocating", "4"], self.env(), 120)
+            expect_equal(native.rc, 0, f"native exit status\n{native.describe()}")
+            for attempt in range(5):
+                folder = self.logdir(f"exit-snapshot-{attempt}")
+                shim = run_process([self.binary("host_edges", "shared"), "exit_while_allocating", "4"],
+                                   with_shim(self.env(), self.library, os.path.join(folder, "log-%p.jsonl")), 120)
+                expect_equal(shim.rc, 0, f"exit status\n{shim.describe()}")
+                ex = exit_record(poolshim_log.read_log(logs_in(folder)[0]))
+                live = (sum(d["live_allocs"] for d in ex["devices"]), sum(d["requested_bytes"] for d in ex["devices"]))
+                expect_equal(live, (ex["leaks"]["count"], ex["leaks"]["bytes"]), f"exit record against leaks (run {attempt})")
+            return f"last run: {live[0]} live allocations, {live[1]} bytes, as the leak report says"
+        self.case("the exit record is one snapshot while threads allocate [shared]", exit_snapshot)
+
+        def dlclose():
+            result = run_process([self.binary("host_edges", "shared"), "dlclose", self.library],
+                                 self.env({"POOLSHIM_LOG": os.path.join(self.logdir("dlclose"), "log-%p.jsonl")}), 60)
+            expect_equal((result.rc, result.out), (0, "dlclose -> 0\nafter dlclose\n"), result.describe())
+        self.case("dlclose of a dlopen'ed shim returns [shared]", dlclose)
 
     # ---- measurements -----------------------------------------------------------------
     def churn_rate(self, args, shim, repeats=3, mode="sync"):

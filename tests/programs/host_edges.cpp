@@ -2,16 +2,21 @@
 // 12). The output is the same with and without the shim; the end-to-end tests check the rest.
 //
 //   host_edges exit_while_allocating THREADS  threads allocate and free without pause while
-//                                             main calls exit(): the exit record must be one
+//                                             main calls exit() (they start no new call once it
+//                                             has begun: the real runtime tears down after the
+//                                             exit handlers): the exit record must be one
 //                                             snapshot (live_allocs equal to the leak count)
 //   host_edges daemon_fds FILE                after its first allocation, closes every
 //                                             descriptor above 2 like a daemon, opens FILE and
 //                                             puts it on every descriptor number up to 1023:
 //                                             FILE must get only the program's own lines, and
 //                                             the shim must close none of them at exit
-//   host_edges sigwait N                      blocks SIGUSR1 after the shim has started and
-//                                             takes N of them, sent to the process, with
-//                                             sigwait: none may reach the shim's thread
+//   host_edges sigwait N [early]              blocks SIGUSR1 after the shim has started (with
+//                                             `early`: before any CUDA call, so that the real
+//                                             driver's threads block it too, as a program on a
+//                                             GPU must) and takes N of them, sent to the
+//                                             process, with sigwait: none may reach the shim's
+//                                             thread
 //   host_edges dlclose LIBRARY                dlopens LIBRARY (the shim), allocates through
 //                                             it, and dlcloses it: must not hang
 #include <cuda_runtime_api.h>
@@ -42,12 +47,13 @@ void allocate_and_free(std::size_t bytes) {
 
 [[noreturn]] void exit_while_allocating(int threads) {
   allocate_and_free(4096);  // the shim is running before the threads start
-  std::atomic<int> running{0};
+  static std::atomic<int> running{0};
+  static std::atomic<bool> stopping{false};
   for (int t = 0; t < threads; ++t) {
-    std::thread([t, &running] {
+    std::thread([t] {
       std::vector<void*> live(8, nullptr);
       running.fetch_add(1);
-      for (unsigned i = 0;; ++i) {
+      for (unsigned i = 0; !stopping.load(); ++i) {
         void*& slot = live[i % live.size()];
         if (slot != nullptr) cudaFree(slot);
         slot = nullptr;
@@ -56,12 +62,14 @@ void allocate_and_free(std::size_t bytes) {
           slot = nullptr;
         }
       }
+      for (;;) pause();  // parked: the process ends around it
     }).detach();
   }
   while (running.load() < threads) std::this_thread::yield();
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   std::printf("exiting with %d threads allocating\n", threads);
   std::fflush(stdout);
+  stopping.store(true);  // the calls in progress go on into exit()
   std::exit(0);
 }
 
@@ -96,11 +104,12 @@ int daemon_fds(const char* file) {
   return 0;
 }
 
-int take_signals(int n) {
-  allocate_and_free(4096);  // the shim's thread exists from here on
+int take_signals(int n, bool early) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGUSR1);
+  if (early) pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  allocate_and_free(4096);  // the shim's thread exists from here on
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   int taken = 0;
   for (int i = 0; i < n; ++i) {
@@ -141,10 +150,12 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "exit_while_allocating" && argc > 2) exit_while_allocating(std::atoi(argv[2]));
   if (mode == "daemon_fds" && argc > 2) return daemon_fds(argv[2]);
-  if (mode == "sigwait" && argc > 2) return take_signals(std::atoi(argv[2]));
+  if (mode == "sigwait" && argc > 2) {
+    return take_signals(std::atoi(argv[2]), argc > 3 && std::strcmp(argv[3], "early") == 0);
+  }
   if (mode == "dlclose" && argc > 2) return dlopen_and_close(argv[2]);
   std::fprintf(stderr,
                "usage: host_edges exit_while_allocating THREADS | daemon_fds FILE | "
-               "sigwait N | dlclose LIBRARY\n");
+               "sigwait N [early] | dlclose LIBRARY\n");
   return 2;
 }
