@@ -88,4 +88,26 @@ class RelaxedCaptureScope {
   bool active_ = false;
 };
 
+/// Makes `ctx` current for the scope when it is not already (push/pop keeps the caller's).
+class ScopedContext {
+ public:
+  ScopedContext(const DriverApi& driver, CUcontext ctx) : driver_(driver) {
+    CUcontext current = nullptr;
+    if (driver_.cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == ctx) return;
+    pushed_ = driver_.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
+  }
+  ~ScopedContext() {
+    if (pushed_) {
+      CUcontext popped = nullptr;
+      driver_.cuCtxPopCurrent_v2(&popped);
+    }
+  }
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+
+ private:
+  const DriverApi& driver_;
+  bool pushed_ = false;
+};
+
 }  // namespace poolshim

@@ -1,0 +1,415 @@
+#include "segment_allocator.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <mutex>
+#include <new>
+
+namespace poolshim {
+
+namespace {
+
+// Bins: sizes in granules u; u < 16 one bin each, then eight per power of two (TLSF's second
+// level of 3 bits). 2^48 bytes (u = 2^39) lands in bin 303.
+constexpr int kExactBins = 16;
+constexpr int kSubBins = 8;
+constexpr int kBins = kExactBins + (39 - 4 + 1) * kSubBins;
+constexpr int kWords = (kBins + 63) / 64;
+
+int bin_of(std::uint64_t size) {
+  const std::uint64_t u = size / SegmentAllocator::kGranule;
+  if (u < kExactBins) return static_cast<int>(u);
+  const int fl = 63 - __builtin_clzll(u);
+  const int sl = static_cast<int>((u >> (fl - 3)) & (kSubBins - 1));
+  return std::min(kExactBins + (fl - 4) * kSubBins + sl, kBins - 1);
+}
+
+std::uint64_t round_up(std::uint64_t n, std::uint64_t to) {
+  return (n + to - 1) / to * to;
+}
+
+}  // namespace
+
+struct SegmentAllocator::Node {
+  CUdeviceptr ptr = 0;
+  std::uint64_t size = 0;
+  Node* prev_addr = nullptr;  // neighbours in the segment, by address
+  Node* next_addr = nullptr;
+  Node* prev_free = nullptr;  // the bin's list (free nodes); next_free also links spare nodes
+  Node* next_free = nullptr;
+  Segment* segment = nullptr;
+  std::uintptr_t affinity = 0;
+  std::uint64_t ready_at = 0;
+  int bin = -1;
+  bool free = false;
+};
+
+struct SegmentAllocator::Segment {
+  CUdeviceptr base = 0;
+  std::uint64_t size = 0;
+  Node* first = nullptr;
+  Segment* prev = nullptr;
+  Segment* next = nullptr;
+  Arena* arena = nullptr;
+
+  bool wholly_free() const { return first->free && first->size == size; }
+};
+
+struct SegmentAllocator::Arena {
+  Node* bins[kBins] = {};
+  std::uint64_t bitmap[kWords] = {};
+  Segment* segments = nullptr;
+  std::uint64_t split_min = 0;  // smallest remainder split off a block
+};
+
+// Descriptors, from mmap'd chunks, recycled through free lists (never given back before the
+// allocator goes): no malloc, and no allocation at all once the chunks cover the peak.
+struct SegmentAllocator::Slabs {
+  static constexpr std::size_t kChunk = 64 * 1024;
+  struct Chunk {
+    Chunk* next;
+  };
+  Chunk* chunks = nullptr;
+  Node* spare_nodes = nullptr;
+  Segment* spare_segments = nullptr;
+
+  ~Slabs() {
+    while (chunks != nullptr) {
+      Chunk* next = chunks->next;
+      munmap(chunks, kChunk);
+      chunks = next;
+    }
+  }
+  // Carves a new chunk into objects of T, linked through `link`; false when mmap fails.
+  template <typename T, typename Link>
+  bool grow(T*& spare, Link link) {
+    void* p = mmap(nullptr, kChunk, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return false;
+    auto* chunk = static_cast<Chunk*>(p);
+    chunk->next = chunks;
+    chunks = chunk;
+    auto* first = reinterpret_cast<unsigned char*>(p) + sizeof(Chunk);
+    const std::size_t stride = (sizeof(T) + alignof(T) - 1) / alignof(T) * alignof(T);
+    const std::size_t count = (kChunk - sizeof(Chunk)) / stride;
+    for (std::size_t i = 0; i < count; ++i) {
+      T* t = new (first + i * stride) T();
+      link(t) = spare;
+      spare = t;
+    }
+    return true;
+  }
+  Node* node() {
+    if (spare_nodes == nullptr &&
+        !grow(spare_nodes, [](Node* n) -> Node*& { return n->next_free; }))
+      return nullptr;
+    Node* n = spare_nodes;
+    spare_nodes = n->next_free;
+    *n = Node();
+    return n;
+  }
+  void put(Node* n) {
+    n->next_free = spare_nodes;
+    spare_nodes = n;
+  }
+  Segment* segment() {
+    if (spare_segments == nullptr &&
+        !grow(spare_segments, [](Segment* s) -> Segment*& { return s->next; }))
+      return nullptr;
+    Segment* s = spare_segments;
+    spare_segments = s->next;
+    *s = Segment();
+    return s;
+  }
+  void put(Segment* s) {
+    s->next = spare_segments;
+    spare_segments = s;
+  }
+};
+
+SegmentAllocator::SegmentAllocator(SegmentSource& source)
+    : source_(source), small_(new Arena()), large_(new Arena()), slabs_(new Slabs()) {
+  small_->split_min = kGranule;
+  large_->split_min = kLargeSplitMin;
+}
+
+SegmentAllocator::~SegmentAllocator() {
+  delete slabs_;
+  delete large_;
+  delete small_;
+}
+
+std::uint64_t SegmentAllocator::rounded(std::uint64_t bytes) {
+  return round_up(std::max<std::uint64_t>(bytes, 1), kGranule);
+}
+
+std::uint64_t SegmentAllocator::segment_for(std::uint64_t bytes) {
+  const std::uint64_t size = rounded(bytes);
+  if (size <= kSmallRequest) return kSmallSegment;
+  if (size <= kOwnSegment) return kLargeSegment;
+  return round_up(size, kSegmentRounding);
+}
+
+SegmentAllocator::Arena& SegmentAllocator::arena_for(std::uint64_t size) {
+  return size <= kSmallRequest ? *small_ : *large_;
+}
+
+void SegmentAllocator::insert_free(Arena& arena, Node* node) {
+  const int b = bin_of(node->size);
+  node->bin = b;
+  node->free = true;
+  node->prev_free = nullptr;
+  node->next_free = arena.bins[b];
+  if (node->next_free != nullptr) node->next_free->prev_free = node;
+  arena.bins[b] = node;
+  arena.bitmap[b / 64] |= 1ULL << (b % 64);
+  ++stats_.free_blocks;
+}
+
+void SegmentAllocator::remove_free(Arena& arena, Node* node) {
+  const int b = node->bin;
+  if (node->prev_free != nullptr) {
+    node->prev_free->next_free = node->next_free;
+  } else {
+    arena.bins[b] = node->next_free;
+  }
+  if (node->next_free != nullptr) node->next_free->prev_free = node->prev_free;
+  if (arena.bins[b] == nullptr) arena.bitmap[b / 64] &= ~(1ULL << (b % 64));
+  node->prev_free = node->next_free = nullptr;
+  node->free = false;
+  --stats_.free_blocks;
+}
+
+SegmentAllocator::Node* SegmentAllocator::search(Arena& arena, std::uint64_t size,
+                                                 std::uintptr_t affinity, std::uint64_t completed) {
+  auto usable = [&](const Node* n) {
+    return (affinity != 0 && n->affinity == affinity) || n->ready_at <= completed;
+  };
+  int budget = kSearchBudget;
+  // The request's own bin holds blocks on both sides of it: the smallest that fits.
+  const int first = bin_of(size);
+  Node* best = nullptr;
+  for (Node* n = arena.bins[first]; n != nullptr && budget > 0; n = n->next_free, --budget) {
+    if (n->size >= size && usable(n) && (best == nullptr || n->size < best->size)) best = n;
+  }
+  if (best != nullptr) return best;
+  // Every block of a later bin fits: the first usable one (within an eighth of the best).
+  for (int b = first + 1; b < kBins && budget > 0;) {
+    const int word = b / 64;
+    const std::uint64_t bits = arena.bitmap[word] & (~0ULL << (b % 64));
+    if (bits == 0) {
+      b = (word + 1) * 64;
+      continue;
+    }
+    b = word * 64 + __builtin_ctzll(bits);
+    for (Node* n = arena.bins[b]; n != nullptr && budget > 0; n = n->next_free, --budget) {
+      if (usable(n)) return n;
+    }
+    ++b;
+  }
+  return nullptr;
+}
+
+SegmentAllocator::Node* SegmentAllocator::carve(Arena& arena, Node* node, std::uint64_t size) {
+  remove_free(arena, node);
+  const std::uint64_t rest = node->size - size;
+  if (rest >= arena.split_min) {
+    if (Node* tail = slabs_->node()) {
+      tail->ptr = node->ptr + size;
+      tail->size = rest;
+      tail->segment = node->segment;
+      tail->affinity = node->affinity;
+      tail->ready_at = node->ready_at;
+      tail->prev_addr = node;
+      tail->next_addr = node->next_addr;
+      if (tail->next_addr != nullptr) tail->next_addr->prev_addr = tail;
+      node->next_addr = tail;
+      node->size = size;
+      insert_free(arena, tail);
+      ++stats_.splits;
+    }
+  }
+  note_allocated(node->size);
+  return node;
+}
+
+void SegmentAllocator::note_allocated(std::uint64_t size) {
+  stats_.allocated += size;
+  stats_.allocated_peak = std::max(stats_.allocated_peak, stats_.allocated);
+}
+
+void SegmentAllocator::add_segment(Arena& arena, CUdeviceptr base, std::uint64_t bytes) {
+  Segment* seg = slabs_->segment();
+  Node* node = seg != nullptr ? slabs_->node() : nullptr;
+  if (node == nullptr) {
+    // No descriptor (mmap failed): the segment cannot be tracked, give it back.
+    if (seg != nullptr) slabs_->put(seg);
+    source_.release(base, bytes);
+    return;
+  }
+  seg->base = base;
+  seg->size = bytes;
+  seg->first = node;
+  seg->arena = &arena;
+  seg->next = arena.segments;
+  if (seg->next != nullptr) seg->next->prev = seg;
+  arena.segments = seg;
+  node->ptr = base;
+  node->size = bytes;
+  node->segment = seg;
+  insert_free(arena, node);
+  stats_.reserved += bytes;
+  stats_.reserved_peak = std::max(stats_.reserved_peak, stats_.reserved);
+  ++stats_.segments;
+  ++stats_.segments_reserved;
+}
+
+bool SegmentAllocator::allocate_from_free(std::uint64_t bytes, std::uintptr_t affinity,
+                                          std::uint64_t completed, Block* out) {
+  const std::uint64_t size = rounded(bytes);
+  Arena& arena = arena_for(size);
+  std::lock_guard<SpinLock> guard(lock_);
+  Node* node = search(arena, size, affinity, completed);
+  if (node == nullptr) return false;
+  node = carve(arena, node, size);
+  *out = Block{node->ptr, node->size, node};
+  return true;
+}
+
+bool SegmentAllocator::allocate(std::uint64_t bytes, std::uintptr_t affinity,
+                                std::uint64_t completed, Block* out) {
+  if (allocate_from_free(bytes, affinity, completed, out)) return true;
+  const std::uint64_t size = rounded(bytes);
+  const std::uint64_t segment = segment_for(size);
+  CUdeviceptr base = 0;
+  if (!source_.reserve(segment, &base)) return false;  // outside the lock: a driver call
+  Arena& arena = arena_for(size);
+  std::lock_guard<SpinLock> guard(lock_);
+  add_segment(arena, base, segment);
+  Node* node =
+      arena.segments != nullptr && arena.segments->base == base ? arena.segments->first : nullptr;
+  if (node == nullptr || !node->free) return false;  // no descriptor for it
+  node = carve(arena, node, size);
+  *out = Block{node->ptr, node->size, node};
+  return true;
+}
+
+void SegmentAllocator::free(const Block& block, std::uintptr_t affinity, std::uint64_t ready_at) {
+  auto* node = static_cast<Node*>(block.node);
+  std::lock_guard<SpinLock> guard(lock_);
+  Arena& arena = *node->segment->arena;
+  stats_.allocated -= node->size;
+  node->affinity = affinity;
+  node->ready_at = ready_at;
+  // A merged block may serve a stream at once only if both parts could; it is ready for every
+  // stream once both parts are.
+  auto absorb = [&](Node* into, Node* gone) {
+    into->affinity = into->affinity == gone->affinity ? into->affinity : 0;
+    into->ready_at = std::max(into->ready_at, gone->ready_at);
+    into->size += gone->size;
+    into->next_addr = gone->next_addr;
+    if (into->next_addr != nullptr) into->next_addr->prev_addr = into;
+    slabs_->put(gone);
+    ++stats_.merges;
+  };
+  if (Node* next = node->next_addr; next != nullptr && next->free) {
+    remove_free(arena, next);
+    absorb(node, next);
+  }
+  if (Node* prev = node->prev_addr; prev != nullptr && prev->free) {
+    remove_free(arena, prev);
+    absorb(prev, node);
+    node = prev;
+  }
+  insert_free(arena, node);
+}
+
+std::uint64_t SegmentAllocator::trim(std::uint64_t keep, std::uint64_t completed) {
+  std::uint64_t released = 0;
+  for (;;) {
+    CUdeviceptr base = 0;
+    std::uint64_t size = 0;
+    {
+      std::lock_guard<SpinLock> guard(lock_);
+      if (stats_.reserved <= keep) break;
+      Segment* largest = nullptr;
+      for (Arena* arena : {small_, large_}) {
+        for (Segment* s = arena->segments; s != nullptr; s = s->next) {
+          if (s->wholly_free() && s->first->ready_at <= completed &&
+              (largest == nullptr || s->size > largest->size)) {
+            largest = s;
+          }
+        }
+      }
+      if (largest == nullptr) break;
+      Arena& arena = *largest->arena;
+      remove_free(arena, largest->first);
+      slabs_->put(largest->first);
+      if (largest->prev != nullptr) {
+        largest->prev->next = largest->next;
+      } else {
+        arena.segments = largest->next;
+      }
+      if (largest->next != nullptr) largest->next->prev = largest->prev;
+      base = largest->base;
+      size = largest->size;
+      slabs_->put(largest);
+      stats_.reserved -= size;
+      --stats_.segments;
+      ++stats_.segments_released;
+    }
+    source_.release(base, size);  // outside the lock: a driver call
+    released += size;
+  }
+  return released;
+}
+
+void SegmentAllocator::forget_affinity(std::uintptr_t affinity) {
+  if (affinity == 0) return;
+  std::lock_guard<SpinLock> guard(lock_);
+  for (Arena* arena : {small_, large_}) {
+    for (Segment* s = arena->segments; s != nullptr; s = s->next) {
+      for (Node* n = s->first; n != nullptr; n = n->next_addr) {
+        if (n->free && n->affinity == affinity) n->affinity = 0;
+      }
+    }
+  }
+}
+
+void SegmentAllocator::clear() {
+  std::lock_guard<SpinLock> guard(lock_);
+  for (Arena* arena : {small_, large_}) {
+    for (Segment* s = arena->segments; s != nullptr;) {
+      for (Node* n = s->first; n != nullptr;) {
+        Node* next = n->next_addr;
+        slabs_->put(n);
+        n = next;
+      }
+      Segment* next = s->next;
+      slabs_->put(s);
+      s = next;
+    }
+    const std::uint64_t split_min = arena->split_min;
+    *arena = Arena();
+    arena->split_min = split_min;
+  }
+  stats_.reserved = stats_.allocated = stats_.segments = stats_.free_blocks = 0;
+}
+
+SegmentAllocator::Stats SegmentAllocator::stats() const {
+  std::lock_guard<SpinLock> guard(lock_);
+  Stats s = stats_;
+  for (const Arena* arena : {small_, large_}) {
+    for (int w = kWords - 1; w >= 0; --w) {
+      if (arena->bitmap[w] == 0) continue;
+      const int b = w * 64 + 63 - __builtin_clzll(arena->bitmap[w]);
+      for (const Node* n = arena->bins[b]; n != nullptr; n = n->next_free) {
+        s.largest_free = std::max(s.largest_free, n->size);
+      }
+      break;
+    }
+  }
+  return s;
+}
+
+}  // namespace poolshim
