@@ -99,32 +99,26 @@ struct SegmentAllocator::Slabs {
     }
     return true;
   }
-  Node* node() {
-    if (spare_nodes == nullptr &&
-        !grow(spare_nodes, [](Node* n) -> Node*& { return n->next_free; }))
-      return nullptr;
-    Node* n = spare_nodes;
-    spare_nodes = n->next_free;
-    *n = Node();
-    return n;
+  // A spare object of T, reset (nullptr when mmap fails), and back to the spares.
+  template <typename T, typename Link>
+  T* take(T*& spare, Link link) {
+    if (spare == nullptr && !grow(spare, link)) return nullptr;
+    T* t = spare;
+    spare = link(t);
+    *t = T();
+    return t;
   }
-  void put(Node* n) {
-    n->next_free = spare_nodes;
-    spare_nodes = n;
+  template <typename T, typename Link>
+  void give(T*& spare, T* t, Link link) {
+    link(t) = spare;
+    spare = t;
   }
-  Segment* segment() {
-    if (spare_segments == nullptr &&
-        !grow(spare_segments, [](Segment* s) -> Segment*& { return s->next; }))
-      return nullptr;
-    Segment* s = spare_segments;
-    spare_segments = s->next;
-    *s = Segment();
-    return s;
-  }
-  void put(Segment* s) {
-    s->next = spare_segments;
-    spare_segments = s;
-  }
+  static Node*& node_link(Node* n) { return n->next_free; }
+  static Segment*& segment_link(Segment* s) { return s->next; }
+  Node* node() { return take(spare_nodes, node_link); }
+  void put(Node* n) { give(spare_nodes, n, node_link); }
+  Segment* segment() { return take(spare_segments, segment_link); }
+  void put(Segment* s) { give(spare_segments, s, segment_link); }
 };
 
 SegmentAllocator::SegmentAllocator(SegmentSource& source)
@@ -238,14 +232,15 @@ void SegmentAllocator::note_allocated(std::uint64_t size) {
   stats_.allocated_peak = std::max(stats_.allocated_peak, stats_.allocated);
 }
 
-void SegmentAllocator::add_segment(Arena& arena, CUdeviceptr base, std::uint64_t bytes) {
+SegmentAllocator::Node* SegmentAllocator::add_segment(Arena& arena, CUdeviceptr base,
+                                                      std::uint64_t bytes) {
   Segment* seg = slabs_->segment();
   Node* node = seg != nullptr ? slabs_->node() : nullptr;
   if (node == nullptr) {
     // No descriptor (mmap failed): the segment cannot be tracked, give it back.
     if (seg != nullptr) slabs_->put(seg);
     source_.release(base, bytes);
-    return;
+    return nullptr;
   }
   seg->base = base;
   seg->size = bytes;
@@ -262,6 +257,7 @@ void SegmentAllocator::add_segment(Arena& arena, CUdeviceptr base, std::uint64_t
   stats_.reserved_peak = std::max(stats_.reserved_peak, stats_.reserved);
   ++stats_.segments;
   ++stats_.segments_reserved;
+  return node;
 }
 
 bool SegmentAllocator::allocate_from_free(std::uint64_t bytes, std::uintptr_t affinity,
@@ -285,10 +281,8 @@ bool SegmentAllocator::allocate(std::uint64_t bytes, std::uintptr_t affinity,
   if (!source_.reserve(segment, &base)) return false;  // outside the lock: a driver call
   Arena& arena = arena_for(size);
   std::lock_guard<SpinLock> guard(lock_);
-  add_segment(arena, base, segment);
-  Node* node =
-      arena.segments != nullptr && arena.segments->base == base ? arena.segments->first : nullptr;
-  if (node == nullptr || !node->free) return false;  // no descriptor for it
+  Node* node = add_segment(arena, base, segment);
+  if (node == nullptr) return false;  // no descriptor for it
   node = carve(arena, node, size);
   *out = Block{node->ptr, node->size, node};
   return true;

@@ -123,7 +123,8 @@ class SegmentAllocator {
 
   Node* search(Arena& arena, std::uint64_t size, std::uintptr_t affinity, std::uint64_t completed);
   Node* carve(Arena& arena, Node* node, std::uint64_t size);
-  void add_segment(Arena& arena, CUdeviceptr base, std::uint64_t bytes);
+  /// The new segment's one free node; nullptr (and the segment given back) without descriptors.
+  Node* add_segment(Arena& arena, CUdeviceptr base, std::uint64_t bytes);
   Arena& arena_for(std::uint64_t size);
   void insert_free(Arena& arena, Node* node);
   void remove_free(Arena& arena, Node* node);

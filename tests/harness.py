@@ -105,6 +105,14 @@ def exit_device(records, device=0):
     raise Failure(f"exit record has no device {device}: {ex}")
 
 
+def expect_exit_snapshot(ex, what):
+    """The exit record is one snapshot: its devices' live allocations and requested bytes are
+    exactly what its leak report lists."""
+    live = (sum(d["live_allocs"] for d in ex["devices"]), sum(d["requested_bytes"] for d in ex["devices"]))
+    expect_equal(live, (ex["leaks"]["count"], ex["leaks"]["bytes"]), f"exit record against its leak report ({what})")
+    return live
+
+
 def parse_fields(line):
     """{'a': '1'} from 'name: a=1 b=2'."""
     return dict(piece.split("=", 1) for piece in line.split() if "=" in piece)

@@ -17,8 +17,9 @@ import tempfile
 HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from harness import (ROOT, SANITIZER_RUNTIME, Failure, check_proc_address, compare,  # noqa: E402
-                     exit_device, expect, expect_equal, logs_in, parse_fields, poolshim_log, records_of,
-                     run_process, clean_environment, sanitizer_runtime, with_shim)
+                     exit_device, exit_record, expect, expect_equal, expect_exit_snapshot, logs_in,
+                     parse_fields, poolshim_log, records_of, run_process, clean_environment,
+                     sanitizer_runtime, with_shim)
 
 MiB = 1 << 20
 CASES = {}
@@ -912,12 +913,7 @@ def case_exit_record_is_one_snapshot_while_threads_allocate(tmp):
         os.mkdir(folder)
         shim = run(host_edges("exit_while_allocating", 4), True, folder, without_leak_check(), timeout=60)
         expect_equal(shim.rc, 0, f"exit status (run {attempt})\n{shim.err}")
-        records = poolshim_log.read_log(logs_in(folder)[0])
-        ex = [r for r in records if r["type"] == "exit"][0]
-        live = sum(d["live_allocs"] for d in ex["devices"])
-        requested = sum(d["requested_bytes"] for d in ex["devices"])
-        expect_equal((live, requested), (ex["leaks"]["count"], ex["leaks"]["bytes"]),
-                     f"live allocations and bytes against the leak report (run {attempt})")
+        expect_exit_snapshot(exit_record(poolshim_log.read_log(logs_in(folder)[0])), f"run {attempt}")
 
 
 @case

@@ -28,8 +28,8 @@ import traceback
 HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from harness import (ROOT, Failure, check_proc_address, clean_environment, compare, exit_device,  # noqa: E402
-                     exit_record, expect, expect_equal, logs_in, parse_fields, poolshim_log, records_of,
-                     run_process, with_shim)
+                     exit_record, expect, expect_equal, expect_exit_snapshot, logs_in, parse_fields,
+                     poolshim_log, records_of, run_process, with_shim)
 
 CUDA = os.environ.get("CUDA_HOME", "/usr/local/cuda")
 PROGRAMS = {  # name -> (source, extra nvcc flags); each built with the shared and the static runtime
@@ -356,9 +356,7 @@ class Suite:
                 shim = run_process([self.binary("host_edges", "shared"), "exit_while_allocating", "4"],
                                    with_shim(self.env(), self.library, os.path.join(folder, "log-%p.jsonl")), 120)
                 expect_equal(shim.rc, 0, f"exit status\n{shim.describe()}")
-                ex = exit_record(poolshim_log.read_log(logs_in(folder)[0]))
-                live = (sum(d["live_allocs"] for d in ex["devices"]), sum(d["requested_bytes"] for d in ex["devices"]))
-                expect_equal(live, (ex["leaks"]["count"], ex["leaks"]["bytes"]), f"exit record against leaks (run {attempt})")
+                live = expect_exit_snapshot(exit_record(poolshim_log.read_log(logs_in(folder)[0])), f"run {attempt}")
             return f"last run: {live[0]} live allocations, {live[1]} bytes, as the leak report says"
         self.case("the exit record is one snapshot while threads allocate [shared]", exit_snapshot)
 
