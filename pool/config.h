@@ -40,21 +40,19 @@ namespace poolshim {
     "stream's free in order to reuse its block. Off: a cudaMalloc could then wait for the "        \
     "application's streams, which the native one never does.")                                     \
   X(free, Choice, "sync",                                                                          \
-    "cudaFree mode. sync: synchronize the device, then return the block to the pool (native "      \
-    "ordering). ordered: no host stall; the block is freed in stream order after the work of "     \
-    "every stream of the device (sync where that cannot be proven).")                              \
-  X(cache, Size, "5%",                                                                             \
-    "Freed blocks kept per device in a user-space cache in front of the pool, so that reusing "    \
-    "one enters no driver call (bytes with K/M/G/T, or % of device memory; 0: no cache).")         \
-  X(cache_age_ms, Milliseconds, "1000",                                                            \
-    "A cached block not reused for this long goes back to the pool (checked every tick of the "    \
-    "background thread); 0 keeps blocks until idle_trim_ms, out-of-memory or the limit.")          \
-  X(legacy_reuse, Bool, "0",                                                                       \
-    "Free mode ordered, 1: a block cudaFree'd while its device has no non-blocking stream serves " \
-    "the next cudaMalloc (while there is still none) or cudaMallocAsync on stream 0 at once, "     \
-    "behind an event recorded on the legacy default stream, which every blocking stream then "     \
-    "waits for; non-blocking streams made later first wait for its last such event. 0: the block " \
-    "waits for a fence, as other reuse across streams does (each barrier costs a driver call).")   \
+    "cudaFree mode. sync: synchronize the device, then return the block to the heap (native "      \
+    "ordering). ordered: no host stall; the block serves other streams once the work of every "    \
+    "stream of the device before the free has completed (sync where that cannot be proven).")      \
+  X(cache, Size, "64M",                                                                            \
+    "Whole free segments the heap keeps per device beyond the memory in use; more go back to the " \
+    "pool every tick of the background thread (bytes with K/M/G/T, or % of device memory).")       \
+  X(legacy_reuse, Bool, "1",                                                                       \
+    "1: a block freed in the legacy default stream's order (cudaFree in free mode ordered while "  \
+    "its device has no non-blocking stream, or cudaFreeAsync on stream 0) serves the next "        \
+    "cudaMalloc (while there is still no non-blocking stream) or cudaMallocAsync on stream 0 at "  \
+    "once: while the legacy stream is the only one in use with nothing more; else behind one "     \
+    "event recorded on it, which every blocking stream then waits for. Non-blocking streams made " \
+    "later first wait for its last such event. 0: such a block waits for a fence.")                \
   X(oom_retry, Bool, "1",                                                                          \
     "On out-of-memory, synchronize, trim the pool's unused memory and retry once.")                \
   X(limit, Size, "0",                                                                              \

@@ -42,6 +42,9 @@ namespace poolshim {
   X(cuStreamSynchronize)               \
   X(cuStreamQuery)                     \
   X(cuStreamGetDevice)                 \
+  X(cuStreamIsCapturing)               \
+  X(cuMemAlloc_v2)                     \
+  X(cuMemFree_v2)                      \
   X(cuMemPoolCreate)                   \
   X(cuMemPoolDestroy)                  \
   X(cuMemPoolSetAttribute)             \

@@ -2,6 +2,8 @@
 
 #include <limits>
 
+#include "pool_segments.h"
+
 namespace poolshim {
 
 namespace {
@@ -9,6 +11,8 @@ namespace {
 std::string failure(const DriverApi& driver, const char* step, CUresult r) {
   return std::string(step) + " failed: " + driver.error_name(r);
 }
+
+constexpr std::size_t kProxyBytes = 512;
 
 }  // namespace
 
@@ -58,7 +62,7 @@ std::unique_ptr<DevicePool> DevicePool::create(const DriverApi& driver, int ordi
   p->cap_ = settings.cap.resolve(total);
   if (p->cap_ > 0 && p->cap_ < total) props.maxSize = p->cap_;
   if (p->cap_ >= total) p->cap_ = 0;  // a cap the device cannot reach is no cap
-  p->cache_ = std::make_unique<BlockCache>(settings.cache.resolve(total));
+  p->heap_keep_ = settings.cache.resolve(total);
   if ((r = driver.cuMemPoolCreate(&p->pool_, &props)) != CUDA_SUCCESS) {
     p->pool_ = nullptr;
     *error = failure(driver, "cuMemPoolCreate", r);
@@ -87,8 +91,12 @@ std::unique_ptr<DevicePool> DevicePool::create(const DriverApi& driver, int ordi
       return nullptr;
     }
   }
+  p->source_ = std::make_unique<DevicePoolSegments>(driver, *p);
+  p->heap_ = std::make_unique<SegmentAllocator>(*p->source_);
   return p;
 }
+
+DevicePool::DevicePool(const DriverApi& driver, int ordinal) : driver_(driver), ordinal_(ordinal) {}
 
 DevicePool::~DevicePool() {
   release();
@@ -102,6 +110,8 @@ void DevicePool::release() {
   if (free_stream_ != nullptr) driver_.cuStreamDestroy_v2(free_stream_);
   if (legacy_event_ != nullptr) driver_.cuEventDestroy_v2(legacy_event_);
   if (fence_event_ != nullptr) driver_.cuEventDestroy_v2(fence_event_);
+  // The proxy is freed by the reset that follows, or with the context at exit.
+  proxy_.store(0, std::memory_order_release);
   if (retained_) driver_.cuDevicePrimaryCtxRelease_v2(device_);
   pool_ = nullptr;
   stream_ = nullptr;
@@ -109,8 +119,22 @@ void DevicePool::release() {
   legacy_event_ = nullptr;
   fence_event_ = nullptr;
   retained_ = false;
-  // The pool's memory is gone with it (the reset that follows frees it): so are cached blocks.
-  if (cache_) cache_->clear();
+  // The pool's memory is gone with it (the reset that follows frees it): so are the heap's
+  // segments.
+  if (heap_) heap_->clear();
+  if (source_) source_->clear();
+}
+
+bool DevicePool::is_segment_base(CUdeviceptr ptr) const {
+  return source_ != nullptr && source_->is_base(ptr);
+}
+
+void DevicePool::renew_proxy() {
+  ScopedContext ctx(driver_, context_);
+  RelaxedCaptureScope relaxed(driver_);  // a capture may be in progress on another thread
+  CUdeviceptr proxy = 0;
+  if (driver_.cuMemAlloc_v2(&proxy, kProxyBytes) != CUDA_SUCCESS) proxy = 0;
+  proxy_.store(proxy, std::memory_order_release);
 }
 
 bool DevicePool::attribute(CUmemPool_attribute attribute, std::uint64_t* out) const {

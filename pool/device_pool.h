@@ -11,18 +11,21 @@
 #include <mutex>
 #include <string>
 
-#include "block_cache.h"
 #include "cuda_api.h"
+#include "fence_clock.h"
+#include "segment_allocator.h"
 #include "units.h"
 
 namespace poolshim {
+
+class DevicePoolSegments;
 
 struct PoolSettings {
   bool reuse_follow_event_deps = true;
   bool reuse_opportunistic = true;
   bool reuse_internal_deps = false;
   SizeValue cap;    // 0 bytes: no cap
-  SizeValue cache;  // the BlockCache's byte limit; 0 bytes: no cache
+  SizeValue cache;  // free segments the heap keeps beyond what is in use
 };
 
 /// The pool's own figures (cudaMemPoolAttr*MemCurrent/High).
@@ -34,8 +37,8 @@ struct PoolUsage {
   bool valid = false;
 };
 
-/// What the application holds of the pool's used memory: blocks in the user-space cache
-/// (`cached` bytes) are used to the driver but free to the application.
+/// What the application holds of the pool's used memory: free blocks of the heap (`cached`
+/// bytes) are used to the driver but free to the application.
 inline std::uint64_t handed_out(const PoolUsage& u, std::uint64_t cached) {
   return u.used > cached ? u.used - cached : 0;
 }
@@ -62,12 +65,23 @@ class DevicePool {
   CUevent legacy_event() const { return legacy_event_; }
   CUcontext context() const { return context_; }
   std::uint64_t device_total() const { return device_total_; }
+  /// A real allocation of the shim's own (cuMemAlloc, 512 bytes), made before a stream capture
+  /// begins; 0 when there is none. Where the real free function must answer for a block of the
+  /// heap during a capture, it is asked to free this instead (Fallback in router.h).
+  CUdeviceptr proxy() const { return proxy_.load(std::memory_order_acquire); }
+  /// Makes the proxy (anew after the real function freed it); 0 when that fails.
+  void renew_proxy();
   /// The pool's cap in bytes (its maximum size; POOLSHIM_LIMIT), 0 when there is none.
   std::uint64_t cap() const { return cap_; }
 
-  /// Freed blocks kept in front of the pool, and the fences that make them reusable.
-  BlockCache& cache() { return *cache_; }
-  const BlockCache& cache() const { return *cache_; }
+  /// The user-space allocator over the pool (segments split and merged), and the fences that
+  /// make its free blocks reusable by any stream.
+  SegmentAllocator& heap() { return *heap_; }
+  const SegmentAllocator& heap() const { return *heap_; }
+  /// Bytes of free segments the heap keeps beyond what is in use (the `cache` option).
+  std::uint64_t heap_keep() const { return heap_keep_; }
+  /// Whether `ptr` is the base of one of the heap's segments (see pool_segments.h).
+  bool is_segment_base(CUdeviceptr ptr) const;
   FenceClock& fences() { return fences_; }
   /// Recorded on the free stream behind every stream of the device: the event fence.
   CUevent fence_event() const { return fence_event_; }
@@ -75,10 +89,14 @@ class DevicePool {
   std::mutex& fence_mutex() { return fence_mutex_; }
   /// The number of the event fence in flight, 0 when none (under fence_mutex()).
   std::uint64_t fence_in_flight = 0;
-  /// A cudaMalloc has been served a block behind a barrier on the legacy default stream
-  /// (Router::legacy_barrier_allowed): non-blocking streams made from now on first wait
-  /// for that stream. Never cleared.
+  /// A cudaMalloc has been served a block by the legacy stream's order (Router::
+  /// legacy_reuse_allowed): non-blocking streams made from now on first wait for that stream.
+  /// Never cleared.
   std::atomic<bool> legacy_handouts{false};
+  /// Frees that gave their block the legacy stream's token, and how many of them the last
+  /// barrier (an event recorded on the legacy stream) was recorded after.
+  std::atomic<std::uint64_t> legacy_frees{0};
+  std::atomic<std::uint64_t> barrier_covers{0};
   /// cudaFree'd blocks may take the legacy stream's shortcut only once this fence has
   /// completed: a non-blocking stream destroyed before it may still run work on them (the
   /// free stream waits for that work, so the next fence covers it).
@@ -98,7 +116,7 @@ class DevicePool {
  private:
   /// One attribute of the pool (cuMemPoolGetAttribute); false when it cannot be read.
   bool attribute(CUmemPool_attribute attribute, std::uint64_t* out) const;
-  DevicePool(const DriverApi& driver, int ordinal) : driver_(driver), ordinal_(ordinal) {}
+  DevicePool(const DriverApi& driver, int ordinal);
 
   const DriverApi& driver_;
   int ordinal_;
@@ -109,7 +127,10 @@ class DevicePool {
   CUevent legacy_event_ = nullptr;
   CUevent fence_event_ = nullptr;
   CUmemoryPool pool_ = nullptr;
-  std::unique_ptr<BlockCache> cache_;
+  std::unique_ptr<DevicePoolSegments> source_;
+  std::unique_ptr<SegmentAllocator> heap_;
+  std::uint64_t heap_keep_ = 0;
+  std::atomic<CUdeviceptr> proxy_{0};
   FenceClock fences_;
   std::mutex fence_mutex_;
   std::uint64_t device_total_ = 0;

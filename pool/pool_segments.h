@@ -2,24 +2,35 @@
 // (DESIGN §3: the pool stays underneath, stream-ordered, trimmable and capped). A segment is
 // allocated on the pool's private stream and waited for, so that it is usable from every stream
 // at once, as cudaMalloc's memory must be; it goes back in that stream's order once every use of
-// it has completed.
+// it has completed. The segments' base addresses are kept (a sharded table, no process-wide lock):
+// a free of a base the pool no longer hands out (a double free of a segment's first block) must
+// never reach the real free function, which would free the whole segment under its live blocks.
 #pragma once
 
+#include "allocation_table.h"
 #include "cuda_api.h"
-#include "device_pool.h"
 #include "segment_allocator.h"
 
 namespace poolshim {
 
+class DevicePool;
+
 class DevicePoolSegments final : public SegmentSource {
  public:
   DevicePoolSegments(const DriverApi& driver, DevicePool& pool) : driver_(driver), pool_(pool) {}
-  bool reserve(std::uint64_t bytes, CUdeviceptr* out) override;
+  bool reserve(std::uint64_t bytes, CUdeviceptr* out, CUresult* why) override;
   void release(CUdeviceptr base, std::uint64_t bytes) override;
+  /// Whether `ptr` is the base address of a segment held now.
+  bool is_base(CUdeviceptr ptr) const { return bases_.find(ptr).has_value(); }
+  /// Forgets every base (the device was reset).
+  void clear() {
+    bases_.drop_device(-1, [](std::uintptr_t, const Allocation&) {});
+  }
 
  private:
   const DriverApi& driver_;
   DevicePool& pool_;
+  AllocationTable bases_;  // base -> {size}; device -1
 };
 
 }  // namespace poolshim

@@ -13,6 +13,14 @@ bool is_default_stream(CUstream s) {
   return s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
 }
 
+// The legacy default stream cannot be captured.
+// Free memory of the heap below which growing is always preferred to a synchronization.
+constexpr std::uint64_t kBoundedSlackMin = 64ULL << 20;
+
+bool is_legacy_stream(CUstream s) {
+  return s == nullptr || s == CU_STREAM_LEGACY;
+}
+
 std::uint64_t unused_of(const PoolUsage& u) {
   return u.valid && u.reserved > u.used ? u.reserved - u.used : 0;
 }
@@ -92,29 +100,61 @@ bool Router::adopt_context(const DevicePool& pool) {
   return driver_.cuCtxSetCurrent(pool.context()) == CUDA_SUCCESS;
 }
 
-CUresult Router::allocate_with_retry(DevicePool& pool, std::size_t bytes, CUstream stream,
-                                     CUdeviceptr* out) {
-  CUresult r = driver_.cuMemAllocFromPoolAsync(out, bytes, pool.handle(), stream);
+CUresult Router::take_block(DevicePool& pool, std::size_t bytes, std::uintptr_t token,
+                            HeapBlock* out) {
+  SegmentAllocator& heap = pool.heap();
+  FenceClock& fences = pool.fences();
+  DeviceStats& s = stats(pool.ordinal());
+  const auto from_free = [&] {
+    return heap.allocate_from_free(bytes, token, fences.completed(), out);
+  };
+  bool hit = from_free();
+  // Blocks waiting for a fence: the one in flight may have completed by now.
+  if (!hit && heap.waiting(fences.completed()) && advance_fences(pool)) hit = from_free();
+  // Free memory worth a new segment: neighbours left apart may merge now, and when enough of it
+  // only waits for fences (an eighth of what the heap holds, 64 MiB at least), one
+  // synchronization is cheaper than growing by it: what the heap holds beyond live memory stays
+  // bounded relative to it. The stall is the native cudaFree's, paid once for many frees.
+  const std::uint64_t free = heap.free_bytes();
+  if (!hit && free >= SegmentAllocator::segment_for(bytes)) {
+    if (heap.coalesce(fences.completed()) > 0) hit = from_free();
+    if (!hit && heap.waiting(fences.completed()) && free >= kBoundedSlackMin &&
+        free >= (free + heap.stats().allocated) / 8 &&
+        (captures_active_ == nullptr || !captures_active_()) &&
+        synchronize_as_fence(pool) == CUDA_SUCCESS) {
+      s.bump(&CounterShard::bounded_syncs);
+      heap.coalesce(fences.completed());
+      hit = from_free();
+    }
+  }
+  if (hit) {
+    s.bump(&CounterShard::cache_hits);
+    return CUDA_SUCCESS;
+  }
+  s.bump(&CounterShard::cache_misses);
+  CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
+  if (heap.allocate(bytes, token, fences.completed(), out, &r)) return CUDA_SUCCESS;
   if (r != CUDA_ERROR_OUT_OF_MEMORY || !config_.oom_retry) return r;
 
   ScopedContext ctx(driver_, pool.context());
-  // A trim helps only if the device's free memory plus the pool's unused memory covers the
-  // request; a hopeless request (say 1 TiB) must not cost the pool its cache.
-  std::size_t free = 0;
+  // A retry helps only if the device's free memory plus what the pool and the heap hold unused
+  // covers the request; a hopeless request (say 1 TiB) must not cost the heap its segments.
+  std::size_t device_free = 0;
   std::size_t total = 0;
-  if (driver_.cuMemGetInfo_v2(&free, &total) == CUDA_SUCCESS &&
-      free + unused_of(pool.usage()) + pool.cache().bytes() < bytes) {
+  if (driver_.cuMemGetInfo_v2(&device_free, &total) == CUDA_SUCCESS &&
+      device_free + unused_of(pool.usage()) + heap.free_bytes() < bytes) {
     return r;
   }
-  DeviceStats& s = stats(pool.ordinal());
   s.bump(&CounterShard::oom_retries);
-  // Blocks freed in stream order are released only once their streams reach the free; the
-  // synchronization is a fence, after which every cached block can go back to the pool.
+  // After a synchronization every free block is usable and every wholly free segment can go
+  // back to the pool, which then gives its unused memory back to the device.
   synchronize_as_fence(pool);
-  return_ready_blocks(pool);
+  if (heap.trim(0, fences.completed()) > 0) s.bump(&CounterShard::cache_returns);
   pool.trim_to(0);
-  r = driver_.cuMemAllocFromPoolAsync(out, bytes, pool.handle(), stream);
-  if (r == CUDA_SUCCESS) s.bump(&CounterShard::oom_retry_successes);
+  if (heap.allocate(bytes, token, fences.completed(), out, &r)) {
+    s.bump(&CounterShard::oom_retry_successes);
+    return CUDA_SUCCESS;
+  }
   return r;
 }
 
@@ -141,7 +181,7 @@ OomReport Router::describe_oom(DevicePool& pool, std::size_t bytes, CUstream str
   report.device_info_valid = device_memory(pool, &report.device_free, &report.device_total);
   const PoolUsage u = pool.usage();
   report.reserved = u.reserved;
-  report.used = u.used;
+  report.used = handed_out(u, pool.heap().free_bytes());  // free blocks of the heap are slack
   const DeviceStats& s = stats_[static_cast<std::size_t>(pool.ordinal())];
   report.live_bytes = s.requested_bytes.current.load(std::memory_order_relaxed);
   report.live_count = s.live_allocs.current.load(std::memory_order_relaxed);
@@ -157,9 +197,12 @@ void Router::decline_allocation(DevicePool& pool, std::size_t bytes, CUstream st
     report = describe_oom(pool, bytes, stream, async);  // the state at the failure
     report.site = capture_site();
     // A failed pool allocation can leave memory reserved in the pool (seen on an H200: a
-    // 280 GiB request left 139 GiB reserved and 5 MiB free). Give back every unused byte
-    // before the real function tries: it needs that memory, and an application that has
-    // just run out should not find it held in a cache.
+    // 280 GiB request left 139 GiB reserved and 5 MiB free). Give back every unused byte, the
+    // heap's whole free segments first, before the real function tries: it needs that memory,
+    // and an application that has just run out should not find it held in a cache.
+    if (pool.heap().trim(0, pool.fences().completed()) > 0) {
+      stats(pool.ordinal()).bump(&CounterShard::cache_returns);
+    }
     report.released_after = pool.trim_to(0);
   }
   // Under a cap the real function must not allocate what the pool refused: it is asked for
@@ -198,32 +241,21 @@ bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Allo
     real(bytes);
     return false;
   }
-  CUdeviceptr ptr = 0;
-  std::uint64_t capacity = bytes;
-  CachedBlock cached;
-  // A block cudaFree'd behind a legacy barrier may serve while no non-blocking stream exists.
-  const bool legacy = config_.legacy_reuse && registry_ != nullptr && !registry_->any_listed();
-  if (take_cached(*pool, bytes, nullptr, &cached, legacy ? kBehindLegacyBarrier : nullptr)) {
-    // Ready for every stream when its fence completed; otherwise behind the legacy barrier.
-    order_behind_legacy_barrier(*pool, cached, true);
-    ptr = cached.ptr;
-    capacity = cached.capacity;
-  } else {
-    CUresult r = allocate_from_pool(*pool, bytes, pool->stream(), &ptr);
-    if (r == CUDA_SUCCESS) {
-      // cudaMalloc's memory is usable from every stream once it returns: wait until the
-      // allocation is done in our stream's order (it may wait on a reused block's free).
-      r = driver_.cuStreamSynchronize(pool->stream());
-      if (r != CUDA_SUCCESS) driver_.cuMemFreeAsync(ptr, pool->stream());
-    }
-    if (r != CUDA_SUCCESS) {
-      decline_allocation(*pool, bytes, nullptr, false, r, real);
-      return false;
-    }
+  // cudaMalloc's memory is usable from any stream once it returns: a block whose fence has
+  // completed, or (legacy rule) one freed in the legacy stream's order, made safe for every
+  // stream (order_legacy_handout). A new segment is waited for by the heap's source.
+  const bool legacy = legacy_reuse_allowed(*pool);
+  HeapBlock b;
+  const CUresult r = take_block(*pool, bytes, legacy ? kLegacyToken : 0, &b);
+  if (r != CUDA_SUCCESS) {
+    decline_allocation(*pool, bytes, nullptr, false, r, real);
+    return false;
   }
-  table_.insert(ptr, Allocation{bytes, capacity, coarse_now_ns(), 0, device, 0, capture_site()});
+  if (legacy && b.ready_at > pool->fences().completed()) order_legacy_handout(*pool, true);
+  table_.insert(b.ptr,
+                Allocation{bytes, b.size, coarse_now_ns(), 0, device, 0, capture_site(), b.node});
   stats(device).on_alloc(bytes);
-  *out = ptr;
+  *out = b.ptr;
   return true;
 }
 
@@ -236,31 +268,25 @@ bool Router::allocate_async(int device, std::size_t bytes, CUstream stream, CUde
     real(bytes);
     return false;
   }
-  CUdeviceptr ptr = 0;
-  std::uint64_t capacity = bytes;
-  CachedBlock cached;
-  const CUstream affinity = cache_affinity(stream);
-  // On the legacy stream, a block cudaFree'd behind a legacy barrier serves once the barrier
-  // is recorded: the allocation's users are ordered behind the legacy stream's work from there.
-  const bool legacy = affinity == CU_STREAM_LEGACY && config_.legacy_reuse;
-  if (take_cached(*pool, bytes, affinity, &cached, legacy ? kBehindLegacyBarrier : nullptr)) {
-    order_behind_legacy_barrier(*pool, cached, false);
-    ptr = cached.ptr;
-    capacity = cached.capacity;
-  } else {
-    const CUresult r = allocate_from_pool(*pool, bytes, stream, &ptr);
-    if (r != CUDA_SUCCESS) {
-      decline_allocation(*pool, bytes, stream, true, r, real);
-      return false;
-    }
+  if (stream == CU_STREAM_PER_THREAD) after_stream_created();
+  const std::uintptr_t token = stream_token(stream);
+  HeapBlock b;
+  const CUresult r = take_block(*pool, bytes, token, &b);
+  if (r != CUDA_SUCCESS) {
+    decline_allocation(*pool, bytes, stream, true, r, real);
+    return false;
   }
-  table_.insert(
-      ptr, Allocation{bytes, capacity, coarse_now_ns(), reinterpret_cast<std::uintptr_t>(stream),
-                      device, Allocation::kAsync, capture_site()});
+  // On the legacy stream, blocking streams may use it too (legacy stream semantics).
+  if (token == kLegacyToken && b.ready_at > pool->fences().completed()) {
+    order_legacy_handout(*pool, false);
+  }
+  table_.insert(b.ptr,
+                Allocation{bytes, b.size, coarse_now_ns(), reinterpret_cast<std::uintptr_t>(stream),
+                           device, Allocation::kAsync, capture_site(), b.node});
   DeviceStats& s = stats(device);
   s.on_alloc(bytes);
   s.bump(&CounterShard::async_allocs);
-  *out = ptr;
+  *out = b.ptr;
   return true;
 }
 
@@ -277,57 +303,60 @@ CUresult Router::synchronize_for_free(const DevicePool& pool) const {
   return driver_.cuCtxSynchronize();
 }
 
-void Router::finish_failed_free(std::uintptr_t ptr, const Allocation& a, Fallback real) {
-  if (real() == RealResult::success) {
-    stats(a.device).on_free(a.requested);
-  } else {
+RealResult Router::free_on_proxy(std::uintptr_t ptr, const Allocation& a, Fallback real,
+                                 bool retire) {
+  DevicePool* pool = existing_pool(a.device);
+  const CUdeviceptr proxy = pool != nullptr ? pool->proxy() : 0;
+  // Without a proxy the real function is asked for the block's address, made safe: the driver
+  // refuses it (no allocation starts there), with the error of the moment (a sticky one, say).
+  const RealResult result = real(proxy != 0 ? reinterpret_cast<void*>(proxy)
+                                            : for_real_free(reinterpret_cast<void*>(ptr)));
+  if (proxy == 0 || result != RealResult::success) {
     table_.insert(ptr, a);  // still live: a later free must find it
+    return result;
   }
+  // The real function freed the proxy, so the application's free succeeded: its block is free,
+  // but work queued before may still use it (a free during a capture does not synchronize).
+  pool->renew_proxy();
+  if (retire) {
+    stats(a.device).on_free(a.requested);
+    stats(a.device).bump(&CounterShard::retired_blocks);
+  } else {
+    give_block(*pool, a, 0, pool->fences().next());
+  }
+  return result;
 }
 
 void Router::free_sync(void* ptr, int caller_device, Fallback real) {
   const auto key = reinterpret_cast<std::uintptr_t>(ptr);
   const std::optional<Allocation> a = table_.take(key);
   if (!a) {
+    // Not handed out (or freed already): the real function answers natively.
     if (valid_device(caller_device)) stats(caller_device).bump(&CounterShard::passthrough_frees);
-    release_if_cached(key);
-    real();
+    real(for_real_free(ptr));
     return;
   }
   DevicePool* pool = existing_pool(a->device);
   if (pool != nullptr && ordered_mode_ && ordered_free_possible(*pool)) {
-    // Kept until the next fence has completed, or freed in order. A faulted context must
-    // still answer with its sticky error, as the native cudaFree does (seen on an H200): an
-    // idle stream's query reports it without waiting for anything (the ordered free's own
-    // driver calls report it when the block is not cached).
-    const auto healthy = [&] {
-      const CUresult state = driver_.cuStreamQuery(pool->stream());
-      return state == CUDA_SUCCESS || state == CUDA_ERROR_NOT_READY;
-    };
-    const CUstream affinity = legacy_affinity_for_free(*pool) ? kBehindLegacyBarrier : nullptr;
-    if ((pool->cache().limit() > 0 && healthy() &&
-         cache_block(*pool, *a, key, affinity, pool->fences().next())) ||
-        free_ordered(*pool, key) == CUDA_SUCCESS) {
-      DeviceStats& s = stats(a->device);
-      s.on_free(a->requested);
-      s.bump(&CounterShard::ordered_frees);
+    // Usable once the next fence has completed, or at once in the legacy stream's order. A
+    // faulted context must still answer with its sticky error, as the native cudaFree does
+    // (seen on an H200): an idle stream's query reports it without waiting for anything.
+    const CUresult state = driver_.cuStreamQuery(pool->stream());
+    if (state == CUDA_SUCCESS || state == CUDA_ERROR_NOT_READY) {
+      give_block(*pool, *a, legacy_token_for_free(*pool) ? kLegacyToken : 0, pool->fences().next());
+      stats(a->device).bump(&CounterShard::ordered_frees);
       return;
     }
   }
   // Native cudaFree waits for the device: no work enqueued before it may still touch the block.
   // That synchronization is a fence: the block is ready for any stream once it returns.
-  CUresult r = pool != nullptr ? synchronize_as_fence(*pool) : CUDA_ERROR_INVALID_CONTEXT;
-  if (r == CUDA_SUCCESS && cache_block(*pool, *a, key, nullptr, pool->fences().completed())) {
-    stats(a->device).on_free(a->requested);
-    return;
-  }
-  if (r == CUDA_SUCCESS) r = driver_.cuMemFreeAsync(key, pool->stream());
+  const CUresult r = pool != nullptr ? synchronize_as_fence(*pool) : CUDA_ERROR_INVALID_CONTEXT;
   if (r != CUDA_SUCCESS) {
     // E.g. a sticky error from an earlier kernel: the real cudaFree reports it natively.
-    finish_failed_free(key, *a, real);
+    free_on_proxy(key, *a, real);
     return;
   }
-  stats(a->device).on_free(a->requested);
+  give_block(*pool, *a, 0, pool->fences().completed());
 }
 
 const char* Router::unordered_reason(const DevicePool& pool) const {
@@ -359,13 +388,6 @@ bool Router::ordered_free_possible(const DevicePool& pool) const {
   return false;
 }
 
-CUresult Router::free_ordered(DevicePool& pool, CUdeviceptr ptr) {
-  ScopedContext ctx(driver_, pool.context());
-  const CUresult r = order_free_stream(pool);
-  if (r != CUDA_SUCCESS) return r;
-  return driver_.cuMemFreeAsync(ptr, pool.free_stream());
-}
-
 CUresult Router::order_free_stream(DevicePool& pool) {
   // An event recorded on the legacy default stream completes after the earlier work of every
   // blocking stream of the context (legacy stream semantics); non-blocking streams each need
@@ -386,50 +408,29 @@ CUresult Router::order_free_stream(DevicePool& pool) {
   return all_waited ? CUDA_SUCCESS : r;
 }
 
-// ---- the user-space cache ----------------------------------------------------------------
+// ---- the heap and its reuse rules (DESIGN §7) ----------------------------------------------
 
-CUstream Router::cache_affinity(CUstream stream) const {
-  if (stream == nullptr || stream == CU_STREAM_LEGACY) return CU_STREAM_LEGACY;
+std::uintptr_t Router::stream_token(CUstream stream) const {
+  if (stream == nullptr || stream == CU_STREAM_LEGACY) return kLegacyToken;
   // The per-thread stream is a different stream on every thread under one handle.
-  if (stream == CU_STREAM_PER_THREAD) return nullptr;
+  if (stream == CU_STREAM_PER_THREAD) return 0;
   // A named stream's handle can be reused after it is destroyed: only a destruction the shim
   // sees (before_any_stream_destroy) lets it keep the shortcut safely.
-  return registry_ != nullptr && registry_->observed() ? stream : nullptr;
+  return registry_ != nullptr && registry_->observed() ? reinterpret_cast<std::uintptr_t>(stream)
+                                                       : 0;
 }
 
-bool Router::take_cached(DevicePool& pool, std::size_t bytes, CUstream stream, CachedBlock* out,
-                         CUstream fallback) {
-  BlockCache& cache = pool.cache();
-  if (cache.limit() == 0) return false;
-  DeviceStats& s = stats(pool.ordinal());
-  FenceClock& fences = pool.fences();
-  const auto take = [&] {
-    return cache.take(bytes, stream, fences.completed(), out) ||
-           (fallback != nullptr && cache.take(bytes, fallback, fences.completed(), out));
-  };
-  bool hit = take();
-  // A miss while blocks wait for a fence: the fence in flight may have completed by now.
-  if (!hit && cache.waiting(fences.completed()) && advance_fences(pool)) hit = take();
-  if (!hit) {
-    s.bump(&CounterShard::cache_misses);
-    return false;
-  }
-  s.bump(&CounterShard::cache_hits);
-  return true;
+void Router::give_block(DevicePool& pool, const Allocation& a, std::uintptr_t token,
+                        std::uint64_t ready_at) {
+  // Counted before the block is usable again, so that the live figures never run above it.
+  stats(a.device).on_free(a.requested);
+  if (token == kLegacyToken) pool.legacy_frees.fetch_add(1, std::memory_order_acq_rel);
+  pool.heap().free(HeapBlock{0, a.capacity, a.block, 0}, token, ready_at,
+                   pool.fences().completed());
 }
 
-bool Router::cache_block(DevicePool& pool, const Allocation& a, CUdeviceptr ptr, CUstream stream,
-                         std::uint64_t ready_at) {
-  BlockCache& cache = pool.cache();
-  if (cache.limit() == 0) return false;
-  const CachedBlock block{ptr, a.capacity, stream, ready_at, coarse_now_ns()};
-  CachedBlock evicted;
-  if (!cache.put(block, pool.fences().completed(), &evicted)) return false;
-  if (evicted.ptr != 0) return_block(pool, evicted);
-  return true;
-}
-
-bool Router::legacy_barrier_allowed(DevicePool& pool) {
+bool Router::legacy_reuse_allowed(DevicePool& pool) {
+  if (!config_.legacy_reuse || registry_ == nullptr) return false;
   // Marked before the registry is read (both sequentially consistent): a non-blocking stream
   // listed at the same moment either is seen here, or sees the mark and waits.
   if (!pool.legacy_handouts.load(std::memory_order_seq_cst)) {
@@ -440,30 +441,51 @@ bool Router::legacy_barrier_allowed(DevicePool& pool) {
 
 bool Router::legacy_barrier(DevicePool& pool) {
   // The pool's context is current (adopt_context). Work on the legacy stream waits for every
-  // blocking stream's earlier work, and every blocking stream's later work waits for it.
+  // blocking stream's earlier work, and every blocking stream's later work waits for it. One
+  // barrier covers every legacy-token free before it.
+  const std::uint64_t frees = pool.legacy_frees.load(std::memory_order_acquire);
+  if (pool.barrier_covers.load(std::memory_order_acquire) >= frees) return true;
   if (driver_.cuEventRecord(pool.legacy_event(), CU_STREAM_LEGACY) != CUDA_SUCCESS) return false;
+  raise_to(pool.barrier_covers, frees, std::memory_order_acq_rel);
   stats(pool.ordinal()).bump(&CounterShard::legacy_reuses);
   return true;
 }
 
-void Router::order_behind_legacy_barrier(DevicePool& pool, const CachedBlock& b, bool any_stream) {
-  if (b.stream != kBehindLegacyBarrier || b.ready_at <= pool.fences().completed()) return;
-  // Every stream that may use the block is ordered behind the legacy stream from the barrier
-  // on. A cudaMalloc's block may be used on any stream: a non-blocking stream listed before
-  // the barrier's record may have missed it (after_stream_listed waits for the last record).
-  // Where the barrier cannot order the use, the device is synchronized instead, a fence.
+void Router::order_legacy_handout(DevicePool& pool, bool any_stream) {
+  // The block's earlier users are ordered before any later work of the legacy stream. While
+  // the legacy stream is the only stream in use, that covers every later user (a stream made
+  // later waits for the legacy stream first: after_stream_created). Otherwise blocking streams
+  // (and per-thread ones) are ordered behind a barrier on the legacy stream; a cudaMalloc's
+  // block may also reach a non-blocking stream, which must not have been listed before the
+  // barrier (after_stream_listed waits for the last one). Where the barrier cannot order the
+  // use, the device is synchronized instead, a fence.
+  if (registry_ != nullptr && registry_->legacy_only()) return;
   const bool ordered =
-      any_stream ? legacy_barrier_allowed(pool) && legacy_barrier(pool) && !registry_->any_listed()
-                 : legacy_barrier(pool);
+      legacy_barrier(pool) && (!any_stream || registry_ == nullptr || !registry_->any_listed());
   if (!ordered) synchronize_as_fence(pool);
 }
 
-bool Router::legacy_affinity_for_free(DevicePool& pool) const {
+bool Router::legacy_token_for_free(DevicePool& pool) const {
   // Called where ordered_free_possible() holds. Without a non-blocking stream, every stream
   // that may still use the block is a blocking one, which the legacy stream orders; a
   // non-blocking stream destroyed before may still run work on it until a fence completes.
   return config_.legacy_reuse && !registry_->any_listed() &&
          pool.fences().completed() >= pool.legacy_reuse_after.load(std::memory_order_acquire);
+}
+
+void Router::after_stream_created() {
+  // The first stream beyond the legacy one ends the rule that needs no barrier. Blocks handed
+  // out under it are covered from here on by one barrier recorded now, which every blocking
+  // stream's later work and every non-blocking stream listed later (after_stream_listed) waits
+  // for. No capture can be in progress yet: a capture needs a stream the application made.
+  if (registry_ == nullptr || !registry_->mark_not_legacy_only()) return;
+  if (captures_active_ != nullptr && captures_active_()) return;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    DevicePool* pool = existing_pool(d);
+    if (pool == nullptr || !pool->legacy_handouts.load(std::memory_order_seq_cst)) continue;
+    ScopedContext ctx(driver_, pool->context());
+    legacy_barrier(*pool);
+  }
 }
 
 void Router::after_stream_listed(const StreamRegistry::Entry& entry) {
@@ -474,44 +496,6 @@ void Router::after_stream_listed(const StreamRegistry::Entry& entry) {
   // synchronizes instead). Nothing is recorded here: a capture may be in progress elsewhere,
   // and the legacy stream must not gain work then.
   driver_.cuStreamWaitEvent(entry.stream, pool->legacy_event(), 0);
-}
-
-CUresult Router::allocate_from_pool(DevicePool& pool, std::size_t bytes, CUstream stream,
-                                    CUdeviceptr* out) {
-  const std::uint64_t reserved_before = pool.cache().bytes() > 0 ? pool.reserved() : 0;
-  const CUresult r = allocate_with_retry(pool, bytes, stream, out);
-  const std::uint64_t reserved = reserved_before > 0 ? pool.reserved() : 0;
-  // The pool grew while the cache held blocks: give back as much ready memory as it grew by,
-  // so that the pool serves the next misses from it instead of growing again. The cache thus
-  // never holds memory the pool had to reserve on top of it: its peak stays near the pool's.
-  if (reserved > reserved_before) give_back_for_growth(pool, reserved - reserved_before, stream);
-  return r;
-}
-
-void Router::give_back_for_growth(DevicePool& pool, std::uint64_t grown, CUstream stream) {
-  const std::uint64_t completed = pool.fences().completed();
-  std::uint64_t returned = 0;
-  CachedBlock b;
-  while (returned < grown && pool.cache().take_for_pool(grown - returned, completed, &b)) {
-    return_block(pool, b, stream);
-    returned += b.capacity;
-  }
-}
-
-void Router::return_block(DevicePool& pool, const CachedBlock& b, CUstream stream) {
-  // Its fence has completed: no work touches it, so any stream may free it; the stream of the
-  // allocation that made room reuses it at once in its own order.
-  driver_.cuMemFreeAsync(b.ptr, stream != nullptr ? stream : pool.stream());
-  stats(pool.ordinal()).bump(&CounterShard::cache_returns);
-}
-
-std::uint64_t Router::return_ready_blocks(DevicePool& pool) {
-  const std::uint64_t completed = pool.fences().completed();
-  const std::uint64_t returned =
-      pool.cache().remove_if([completed](const CachedBlock& b) { return b.ready_at <= completed; },
-                             [&](const CachedBlock& b) { return_block(pool, b); });
-  if (returned > 0) driver_.cuStreamSynchronize(pool.stream());
-  return returned;
 }
 
 CUresult Router::synchronize_as_fence(DevicePool& pool) {
@@ -538,7 +522,7 @@ bool Router::advance_fences(DevicePool& pool, bool may_start) {
   }
   // Only an event behind every stream of the device makes a fence without a host stall; where
   // the streams' order proves nothing, blocks wait for a synchronizing cudaFree or an OOM.
-  if (may_start && pool.cache().waiting(fences.completed()) && unordered_reason(pool) == nullptr) {
+  if (may_start && pool.heap().waiting(fences.completed()) && unordered_reason(pool) == nullptr) {
     const std::uint64_t k = fences.start();
     DeviceStats& s = stats(pool.ordinal());
     s.bump(&CounterShard::fences);
@@ -554,44 +538,30 @@ bool Router::advance_fences(DevicePool& pool, bool may_start) {
   return fences.completed() > before;
 }
 
-void Router::release_if_cached(std::uintptr_t ptr) {
-  for (int d = 0; d < kMaxDevices; ++d) {
-    DevicePool* pool = existing_pool(d);
-    CachedBlock b;
-    if (pool == nullptr || !pool->cache().take_pointer(ptr, &b)) continue;
-    // Its last use may still run: free it in the order of its stream, or after a fence.
-    stats(d).bump(&CounterShard::cache_returns);
-    const CUstream order = b.stream == kBehindLegacyBarrier ? CU_STREAM_LEGACY : b.stream;
-    if (order != nullptr && driver_.cuMemFreeAsync(b.ptr, order) == CUDA_SUCCESS) return;
-    ScopedContext ctx(driver_, pool->context());
-    if (b.ready_at > pool->fences().completed()) synchronize_as_fence(*pool);
-    driver_.cuMemFreeAsync(b.ptr, pool->stream());
-    return;
-  }
-}
-
 void Router::before_any_stream_destroy(CUstream stream) {
   stream_epoch_.fetch_add(1, std::memory_order_acq_rel);
   for (int d = 0; d < kMaxDevices; ++d) {
-    if (DevicePool* pool = existing_pool(d)) pool->cache().forget_stream(stream);
+    if (DevicePool* pool = existing_pool(d)) {
+      pool->heap().forget_affinity(reinterpret_cast<std::uintptr_t>(stream));
+    }
   }
 }
 
-std::uint64_t Router::tend_cache(int device, std::uint64_t now, std::uint64_t max_age_ns) {
+std::uint64_t Router::tend_heap(int device) {
   std::lock_guard<std::mutex> lock(create_mutex_);  // not racing a device reset's release
   DevicePool* pool = existing_pool(device);
-  if (pool == nullptr || pool->cache().bytes() == 0) return 0;
+  if (pool == nullptr || pool->heap().free_bytes() == 0) return 0;
   RelaxedCaptureScope relaxed(driver_);
   // Polls the fence in flight only: starting one records on the application's streams, which
   // a capture beginning on another thread at that moment would take in (misses start them).
   advance_fences(*pool, false);
-  if (max_age_ns == 0) return 0;
-  const std::uint64_t completed = pool->fences().completed();
-  return pool->cache().remove_if(
-      [&](const CachedBlock& b) {
-        return b.ready_at <= completed && b.freed_ns + max_age_ns < now;
-      },
-      [&](const CachedBlock& b) { return_block(*pool, b); });
+  // Whole free segments beyond what is kept go back to the pool (which keeps them until it is
+  // trimmed: idle trim, out-of-memory).
+  SegmentAllocator& heap = pool->heap();
+  const std::uint64_t keep = heap.stats().allocated + pool->heap_keep();
+  const std::uint64_t returned = heap.trim(keep, pool->fences().completed());
+  if (returned > 0) stats(device).bump(&CounterShard::cache_returns);
+  return returned;
 }
 
 void Router::wait_for_stream_at_destroy(const StreamRegistry::Entry& entry) {
@@ -602,7 +572,6 @@ void Router::wait_for_stream_at_destroy(const StreamRegistry::Entry& entry) {
     pool->legacy_reuse_after.store(UINT64_MAX, std::memory_order_release);
     return;
   }
-  if (!ordered_mode_ && pool->cache().limit() == 0) return;
   ScopedContext ctx(driver_, pool->context());
   if (driver_.cuEventRecord(entry.event, entry.stream) == CUDA_SUCCESS) {
     driver_.cuStreamWaitEvent(pool->free_stream(), entry.event, 0);
@@ -623,38 +592,45 @@ void Router::free_async(void* ptr, CUstream stream, Fallback real) {
   if (!a) {
     const int device = current_device();
     if (valid_device(device)) stats(device).bump(&CounterShard::passthrough_frees);
-    release_if_cached(key);
-    real();
+    real(for_real_free(ptr));
     return;
   }
   DevicePool* pool = existing_pool(a->device);
-  // Only a free in the order of a stream of the block's own device and primary context may be
-  // cached: the block's later users (that stream at once, others after a fence of this
-  // device) are ordered behind no other context's streams.
+  if (pool == nullptr) {
+    free_on_proxy(key, *a, real);
+    return;
+  }
+  if (stream == CU_STREAM_PER_THREAD) after_stream_created();
+  // Only a free in the order of a stream of the block's own device and primary context is
+  // kept with the stream's token: the block's later users (that stream at once, others after a
+  // fence of this device) are ordered behind no other context's streams.
   bool own_stream = false;
   if (is_default_stream(stream)) {
     // The default streams are the current context's; a thread with none gets the block's
     // device's primary context, as the runtime would give it its current device's.
     CUcontext current = nullptr;
     driver_.cuCtxGetCurrent(&current);
-    if (current == nullptr && pool != nullptr &&
-        driver_.cuCtxSetCurrent(pool->context()) == CUDA_SUCCESS) {
+    if (current == nullptr && driver_.cuCtxSetCurrent(pool->context()) == CUDA_SUCCESS) {
       current = pool->context();
     }
-    own_stream = pool != nullptr && current == pool->context();
+    own_stream = current == pool->context();
   } else {
-    own_stream = pool != nullptr && stream_device(stream) == a->device &&
+    own_stream = stream_device(stream) == a->device &&
                  (registry_ == nullptr || !registry_->foreign_context());
   }
-  if ((!own_stream ||
-       !cache_block(*pool, *a, key, cache_affinity(stream), pool->fences().next())) &&
-      driver_.cuMemFreeAsync(key, stream) != CUDA_SUCCESS) {
-    finish_failed_free(key, *a, real);
-    return;
+  if (own_stream) {
+    give_block(*pool, *a, stream_token(stream), pool->fences().next());
+  } else {
+    // Another context's stream: no fence of this device covers its work. Its work up to the
+    // free is waited for (a rare path), after which the block is free for every stream.
+    const CUresult r = driver_.cuStreamSynchronize(stream);
+    if (r != CUDA_SUCCESS) {
+      free_on_proxy(key, *a, real);
+      return;
+    }
+    give_block(*pool, *a, 0, 0);
   }
-  DeviceStats& s = stats(a->device);
-  s.on_free(a->requested);
-  s.bump(&CounterShard::async_frees);
+  stats(a->device).bump(&CounterShard::async_frees);
 }
 
 int Router::current_device() const {
@@ -681,20 +657,43 @@ int Router::stream_device(CUstream stream) const {
   return memo.device;
 }
 
-void Router::free_unrouted(void* ptr, int caller_device, Fallback real) {
+void Router::free_unrouted(void* ptr, int caller_device, Fallback real, bool async,
+                           CUstream stream) {
   const auto key = reinterpret_cast<std::uintptr_t>(ptr);
   // Taken before the real call, so that the address cannot be handed out again (and recorded
-  // twice) while the real function frees it; put back if it did not.
+  // twice) while the real function answers; put back if it did not free.
   const std::optional<Allocation> a = table_.take(key);
   const int device = a ? a->device : caller_device;
   if (valid_device(device)) stats(device).bump(&CounterShard::passthrough_frees);
-  if (!a) release_if_cached(key);
-  const RealResult result = real();
-  if (!a) return;
-  if (result == RealResult::success) {
-    stats(a->device).on_free(a->requested);
-  } else {
-    table_.insert(key, *a);
+  if (!a) {
+    real(for_real_free(ptr));
+    return;
+  }
+  // A cudaFreeAsync on a capturing stream becomes a free node of the graph, which frees when
+  // (and each time) the graph runs: the block can never be known free again.
+  CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
+  const bool retire = async && !is_legacy_stream(stream) &&
+                      driver_.cuStreamIsCapturing(stream, &capturing) == CUDA_SUCCESS &&
+                      capturing != CU_STREAM_CAPTURE_STATUS_NONE;
+  free_on_proxy(key, *a, real, retire);
+}
+
+void* Router::for_real_free(void* ptr) const {
+  // A segment's base is the start of a pool allocation to the driver, which would free the
+  // whole segment under its live blocks. An address inside it is no allocation's start: the
+  // driver refuses it as it refuses a pointer freed before (both CUDA_ERROR_INVALID_VALUE).
+  const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+  for (int d = 0; d < kMaxDevices; ++d) {
+    const DevicePool* pool = existing_pool(d);
+    if (pool != nullptr && pool->is_segment_base(p)) return static_cast<char*>(ptr) + 256;
+  }
+  return ptr;
+}
+
+void Router::before_capture() {
+  for (int d = 0; d < kMaxDevices; ++d) {
+    DevicePool* pool = existing_pool(d);
+    if (pool != nullptr && pool->proxy() == 0) pool->renew_proxy();
   }
 }
 
@@ -752,7 +751,7 @@ void Router::adjust_memory_info(int device, std::size_t* free, std::size_t* tota
   RelaxedCaptureScope relaxed(driver_);  // cudaMemGetInfo is legal during a capture
   const PoolUsage u = pool->usage();
   // Held but not handed out (unused in the pool, or cached): free for the application.
-  const std::uint64_t cached = pool->cache().bytes();
+  const std::uint64_t cached = pool->heap().free_bytes();
   std::uint64_t f = *free + unused_of(u) + cached;
   std::uint64_t t = *total;
   if (pool->cap() > 0) {
@@ -770,7 +769,7 @@ std::uint64_t Router::unused_bytes(int device) const {
   const DevicePool* pool = existing_pool(device);
   if (pool == nullptr) return 0;
   RelaxedCaptureScope relaxed(driver_);  // cudaMemGetInfo is legal during a capture
-  return unused_of(pool->usage()) + pool->cache().bytes();
+  return unused_of(pool->usage()) + pool->heap().free_bytes();
 }
 
 void Router::set_app_pool(int device, bool app_owned) {
@@ -814,8 +813,8 @@ DeviceSnapshot Router::snapshot(int device) const {
   const DevicePool* pool = existing_pool(device);
   if (pool == nullptr) return snap;
   snap.pool = pool->usage();
-  snap.cached_bytes = pool->cache().bytes();
-  snap.cached_bytes_peak = pool->cache().peak_bytes();
+  snap.cached_bytes = pool->heap().free_bytes();
+  snap.cached_bytes_peak = pool->heap().free_peak();
   snap.cap = pool->cap();
   snap.device_info_valid = device_memory(*pool, &snap.device_free, &snap.device_total);
   return snap;
@@ -825,13 +824,17 @@ std::uint64_t Router::trim_idle(int device, std::uint64_t keep_reserved) {
   std::lock_guard<std::mutex> lock(create_mutex_);  // not racing a device reset's release
   DevicePool* pool = existing_pool(device);
   if (pool == nullptr) return 0;
-  // An idle pool keeps no cache: its blocks go back, then the trim. Blocks no event fence can
-  // reach (say, two devices in use) get the one synchronization here, while nothing runs.
-  if (pool->cache().waiting(pool->fences().completed()) &&
+  // An idle pool keeps no free segment beyond what is kept: they go back, then the pool's trim.
+  // Blocks no event fence can reach (say, two devices in use) get the one synchronization here,
+  // while nothing runs.
+  SegmentAllocator& heap = pool->heap();
+  if (heap.waiting(pool->fences().completed()) &&
       (captures_active_ == nullptr || !captures_active_())) {
     synchronize_as_fence(*pool);
   }
-  return_ready_blocks(*pool);
+  if (heap.trim(keep_reserved, pool->fences().completed()) > 0) {
+    stats(device).bump(&CounterShard::cache_returns);
+  }
   const std::uint64_t released = pool->trim_to(keep_reserved);
   if (released > 0) {
     DeviceStats& s = stats(device);

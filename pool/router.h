@@ -29,11 +29,18 @@
 namespace poolshim {
 
 constexpr int kMaxDevices = 64;
+/// The stream token of the legacy default stream (the value of CU_STREAM_LEGACY; a token is
+/// compared, never given to the driver).
+constexpr std::uintptr_t kLegacyToken = 0x1;
+using HeapBlock = SegmentAllocator::Block;
 
 /// How the real function fared, as far as the counters care.
 enum class RealResult { success, out_of_memory, error };
-/// The real free function behind a hook.
-using Fallback = FunctionRef<RealResult()>;
+/// The real free function behind a hook, called for `ptr`: the application's pointer when the
+/// pool did not hand it out; for a block of the heap, the device's proxy (DevicePool::proxy), a
+/// real allocation of the shim's own, so that the real function answers natively (capture
+/// rules, sticky errors) without ever freeing a segment under the heap's live blocks.
+using Fallback = FunctionRef<RealResult(void* ptr)>;
 /// The real allocation function behind a hook, asked for `bytes`: the request, or
 /// kRefusedRequest when the pool's cap refuses it (the real function then fails with the
 /// native out-of-memory error and its native side effects, without allocating anything).
@@ -47,8 +54,8 @@ struct DeviceSnapshot {
   int device = -1;
   StatsSnapshot stats;
   PoolUsage pool;
-  std::uint64_t cached_bytes = 0;       // in the user-space cache (used to the pool)
-  std::uint64_t cached_bytes_peak = 0;  // the most the cache held since the pool was made
+  std::uint64_t cached_bytes = 0;       // in the heap's free blocks (used to the pool)
+  std::uint64_t cached_bytes_peak = 0;  // the most they held since the pool was made
   bool device_info_valid = false;
   std::uint64_t device_free = 0;
   std::uint64_t device_total = 0;
@@ -90,9 +97,15 @@ class Router {
   int current_device() const;
   /// The device a named stream belongs to; -1 when the stream is not valid.
   int stream_device(CUstream stream) const;
-  /// A free that must not be routed now (a stream capture is in progress): calls `real` and,
-  /// when it freed a pooled pointer, forgets it.
-  void free_unrouted(void* ptr, int caller_device, Fallback real);
+  /// A free that must not be routed now (a stream capture is in progress): the real function
+  /// answers (for a pooled pointer, on the proxy); when it freed, the pooled block is given back
+  /// to the heap behind the next fence, or (`stream` capturing: a graph holds the free) kept
+  /// out of use for good. `async`: a cudaFreeAsync on `stream`.
+  void free_unrouted(void* ptr, int caller_device, Fallback real, bool async = false,
+                     CUstream stream = nullptr);
+  /// A stream capture is about to begin: every pool gets its proxy (DevicePool::proxy) now,
+  /// while the allocation cannot join a capture.
+  void before_capture();
   /// An allocation call passed straight to the real function.
   void note_passthrough_alloc(int device);
   /// An allocation from the application's own pool (cuMemAllocFromPoolAsync), passed through.
@@ -108,7 +121,7 @@ class Router {
   /// Whether an application's stream capture is in progress anywhere: the background thread
   /// then records nothing on the application's streams (a record would join the capture).
   void set_capture_probe(bool (*captures_active)()) { captures_active_ = captures_active; }
-  /// A stream is about to be destroyed (any stream, registered or not): cached blocks freed in
+  /// A stream is about to be destroyed (any stream, registered or not): free blocks freed in
   /// its order lose that shortcut, so that a new stream with the same handle cannot take them.
   void before_any_stream_destroy(CUstream stream);
   /// Code of the shim itself, left out of recorded call sites (the hooks' frames).
@@ -131,6 +144,9 @@ class Router {
   /// (legacy_reuse), the stream first waits for the last barrier, which orders it behind every
   /// such block's earlier users. No host stall, nothing recorded.
   void after_stream_listed(const StreamRegistry::Entry& entry);
+  /// The application made a stream (or uses the per-thread default stream): the legacy rule's
+  /// "only the legacy stream" case ends, with one barrier behind the blocks it handed out.
+  void after_stream_created();
   /// Memory the device's pool holds but has not handed out.
   std::uint64_t unused_bytes(int device) const;
   /// cudaMemGetInfo as the application must see it: the pool's unused memory counts as free,
@@ -154,10 +170,9 @@ class Router {
   /// Releases unused memory of `device`'s pool until it holds fewer than `keep_reserved`
   /// bytes; counts it as an idle trim. Returns the bytes given back.
   std::uint64_t trim_idle(int device, std::uint64_t keep_reserved);
-  /// Moves the cache on: polls or starts the device's event fence (unless a capture is in
-  /// progress) and gives back blocks not reused for `max_age_ns` (0: none). Returns the bytes
-  /// given back.
-  std::uint64_t tend_cache(int device, std::uint64_t now_ns, std::uint64_t max_age_ns);
+  /// Moves the heap on: polls the device's event fence in flight and gives whole free segments
+  /// beyond the `cache` option back to the pool. Returns the bytes given back.
+  std::uint64_t tend_heap(int device);
   std::vector<LiveAllocation> live_allocations() const;
   std::vector<DeviceDescription> describe_devices() const;
   const DriverApi& driver() const { return driver_; }
@@ -186,62 +201,50 @@ class Router {
   /// Makes the pool's free stream wait for the legacy default stream and every registered
   /// non-blocking stream of the device. No host stall.
   CUresult order_free_stream(DevicePool& pool);
-  /// Enqueues the free on the pool's free stream behind every stream (order_free_stream).
-  CUresult free_ordered(DevicePool& pool, CUdeviceptr ptr);
 
-  // ---- the user-space cache (BlockCache) ----
-  /// The stream a block freed on `stream` may serve at once: the legacy stream, or a named
-  /// stream whose destruction the shim sees; nullptr (fences only) for the per-thread stream.
-  CUstream cache_affinity(CUstream stream) const;
-  /// A cached block for `bytes` usable on `stream` (nullptr: on every stream, cudaMalloc);
-  /// failing that, one usable on `fallback` (when non-null).
-  bool take_cached(DevicePool& pool, std::size_t bytes, CUstream stream, CachedBlock* out,
-                   CUstream fallback = nullptr);
-  /// legacy_reuse, cudaMalloc's side: whether a block cudaFree'd behind a legacy barrier may
-  /// serve it (no non-blocking stream on the device, order provable). Marks the pool first, so
-  /// that a non-blocking stream listed meanwhile waits (after_stream_listed).
-  bool legacy_barrier_allowed(DevicePool& pool);
-  /// The barrier: an event recorded on the legacy default stream after the block's free, which
-  /// every blocking stream's later work waits for. False when it could not be recorded.
+  // ---- the heap (SegmentAllocator) and its reuse rules (DESIGN §7) ----
+  /// The stream token a block freed on `stream` carries, and the one an allocation on it asks
+  /// for: the legacy stream's, a named stream's whose destruction the shim sees, or 0 (fences
+  /// only: the per-thread stream, streams the shim did not see made).
+  std::uintptr_t stream_token(CUstream stream) const;
+  /// A block of `bytes` for `token` (0: cudaMalloc without the legacy rule): a free block usable
+  /// now, or after a fence that completed meanwhile, or after one synchronization when what
+  /// waits for fences is worth it (bounded memory), else from a new segment, with the
+  /// out-of-memory retry of DESIGN §3. CUDA_SUCCESS, or the pool's error.
+  CUresult take_block(DevicePool& pool, std::size_t bytes, std::uintptr_t token, HeapBlock* out);
+  /// Takes back the block of `a` for `token`, usable by every stream after fence `ready_at`.
+  void give_block(DevicePool& pool, const Allocation& a, std::uintptr_t token,
+                  std::uint64_t ready_at);
+  /// The legacy rule, cudaMalloc's side: whether a block freed in the legacy stream's order may
+  /// serve it (legacy_reuse on, no non-blocking stream on the device, order provable). Marks
+  /// the pool first, so that a non-blocking stream listed meanwhile waits (after_stream_listed).
+  bool legacy_reuse_allowed(DevicePool& pool);
+  /// The barrier: an event recorded on the legacy default stream after every legacy-token free
+  /// so far (none when the last one covers them). False when it could not be recorded.
   bool legacy_barrier(DevicePool& pool);
-  /// A block just taken from the cache: when it waits behind a legacy barrier (legacy_reuse) and
-  /// its fence has not completed, orders its new users behind its old ones (the barrier, or a
-  /// synchronization). `any_stream`: a cudaMalloc's block; otherwise one for the legacy stream.
-  void order_behind_legacy_barrier(DevicePool& pool, const CachedBlock& b, bool any_stream);
-  /// legacy_reuse, cudaFree's side (mode ordered): whether a block freed now may be cached with
-  /// the legacy stream's shortcut.
-  bool legacy_affinity_for_free(DevicePool& pool) const;
-  /// Keeps a freed block; false when the cache will not (the caller frees it).
-  bool cache_block(DevicePool& pool, const Allocation& a, CUdeviceptr ptr, CUstream stream,
-                   std::uint64_t ready_at);
-  /// A cache miss: allocate_with_retry, and when the pool had to reserve more while the cache
-  /// held blocks, ready blocks worth what it grew by go back to it (freed on `stream`).
-  CUresult allocate_from_pool(DevicePool& pool, std::size_t bytes, CUstream stream,
-                              CUdeviceptr* out);
-  void give_back_for_growth(DevicePool& pool, std::uint64_t grown, CUstream stream);
-  /// Gives a ready cached block back to the pool, freed on `stream` (nullptr: the pool's own).
-  void return_block(DevicePool& pool, const CachedBlock& b, CUstream stream = nullptr);
-  /// Gives every cached block whose fence has completed back to the pool; their frees are
-  /// complete when this returns (for a trim that follows). Returns the bytes.
-  std::uint64_t return_ready_blocks(DevicePool& pool);
-  /// A free of a pointer the table does not hold: when it is a cached block (a double free),
-  /// the block leaves the cache and goes back to the pool in order, so that the real function
-  /// then answers as natively (the pointer is no longer allocated) and the block is never
-  /// handed out twice.
-  void release_if_cached(std::uintptr_t ptr);
+  /// A block just served by the legacy token before its fence completed: orders its new users
+  /// behind its old ones (nothing while only the legacy stream is in use; else the barrier, or
+  /// a synchronization). `any_stream`: a cudaMalloc's block.
+  void order_legacy_handout(DevicePool& pool, bool any_stream);
+  /// The legacy rule, cudaFree's side (mode ordered): whether a block freed now takes the
+  /// legacy stream's token.
+  bool legacy_token_for_free(DevicePool& pool) const;
   /// Polls the event fence in flight and (`may_start`) starts one when blocks wait for it. True
   /// when the completed fence moved. Never blocks: another thread at it means false.
   bool advance_fences(DevicePool& pool, bool may_start = true);
   /// A synchronization of the device that is a fence: returns its result.
   CUresult synchronize_as_fence(DevicePool& pool);
-  /// One allocation attempt, with the trim-and-retry of DESIGN §3 on out-of-memory.
-  CUresult allocate_with_retry(DevicePool& pool, std::size_t bytes, CUstream stream,
-                               CUdeviceptr* out);
   void decline_allocation(DevicePool& pool, std::size_t bytes, CUstream stream, bool async,
                           CUresult pool_result, AllocFallback real);
-  /// The real free of a pooled pointer after the pool path failed: forget the pointer if the
-  /// real function freed it, keep it otherwise.
-  void finish_failed_free(std::uintptr_t ptr, const Allocation& a, Fallback real);
+  /// The real free for a pooled pointer, on the device's proxy: when it succeeds, the block goes
+  /// back to the heap behind the next fence (`retire`: it stays out of use for good) and a new
+  /// proxy is made; otherwise the pointer stays live. Returns what the real function did.
+  RealResult free_on_proxy(std::uintptr_t ptr, const Allocation& a, Fallback real,
+                           bool retire = false);
+  /// The pointer the real free function may be given for `ptr`, which the pool does not hold:
+  /// `ptr`, or an address inside it when it is the base of one of the heap's segments (a second
+  /// free of a segment's first block).
+  void* for_real_free(void* ptr) const;
   /// The device's free and total memory as the driver sees it (cuMemGetInfo in its context).
   bool device_memory(const DevicePool& pool, std::uint64_t* free, std::uint64_t* total) const;
   OomReport describe_oom(DevicePool& pool, std::size_t bytes, CUstream stream, bool async) const;

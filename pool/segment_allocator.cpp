@@ -1,5 +1,7 @@
 #include "segment_allocator.h"
 
+#include "atomic_max.h"
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -232,8 +234,16 @@ void SegmentAllocator::note_allocated(std::uint64_t size) {
   stats_.allocated_peak = std::max(stats_.allocated_peak, stats_.allocated);
 }
 
+void SegmentAllocator::publish() {
+  const std::uint64_t free = stats_.reserved - stats_.allocated;
+  stats_.free_peak = std::max(stats_.free_peak, free);
+  free_bytes_.store(free, std::memory_order_relaxed);
+  free_peak_.store(stats_.free_peak, std::memory_order_relaxed);
+}
+
 SegmentAllocator::Node* SegmentAllocator::add_segment(Arena& arena, CUdeviceptr base,
-                                                      std::uint64_t bytes) {
+                                                      std::uint64_t bytes,
+                                                      std::uintptr_t affinity) {
   Segment* seg = slabs_->segment();
   Node* node = seg != nullptr ? slabs_->node() : nullptr;
   if (node == nullptr) {
@@ -252,6 +262,7 @@ SegmentAllocator::Node* SegmentAllocator::add_segment(Arena& arena, CUdeviceptr 
   node->ptr = base;
   node->size = bytes;
   node->segment = seg;
+  node->affinity = affinity;  // ready for every stream, and its maker's (see free)
   insert_free(arena, node);
   stats_.reserved += bytes;
   stats_.reserved_peak = std::max(stats_.reserved_peak, stats_.reserved);
@@ -267,55 +278,108 @@ bool SegmentAllocator::allocate_from_free(std::uint64_t bytes, std::uintptr_t af
   std::lock_guard<SpinLock> guard(lock_);
   Node* node = search(arena, size, affinity, completed);
   if (node == nullptr) return false;
+  const std::uint64_t ready_at = node->ready_at;
   node = carve(arena, node, size);
-  *out = Block{node->ptr, node->size, node};
+  publish();
+  *out = Block{node->ptr, node->size, node, ready_at};
   return true;
 }
 
 bool SegmentAllocator::allocate(std::uint64_t bytes, std::uintptr_t affinity,
-                                std::uint64_t completed, Block* out) {
+                                std::uint64_t completed, Block* out, CUresult* why) {
   if (allocate_from_free(bytes, affinity, completed, out)) return true;
   const std::uint64_t size = rounded(bytes);
-  const std::uint64_t segment = segment_for(size);
+  std::uint64_t segment = segment_for(size);
   CUdeviceptr base = 0;
-  if (!source_.reserve(segment, &base)) return false;  // outside the lock: a driver call
+  CUresult r = CUDA_SUCCESS;
+  bool reserved = source_.reserve(segment, &base, &r);  // outside the lock: a driver call
+  // Near the device's end (or a cap) a shared segment may not fit where the request alone
+  // does: a segment of the request's own size then serves it.
+  const std::uint64_t own = round_up(size, kSegmentRounding);
+  if (!reserved && r == CUDA_ERROR_OUT_OF_MEMORY && own < segment) {
+    segment = own;
+    reserved = source_.reserve(segment, &base, &r);
+  }
+  if (!reserved) {
+    if (why != nullptr) *why = r;
+    return false;
+  }
   Arena& arena = arena_for(size);
   std::lock_guard<SpinLock> guard(lock_);
-  Node* node = add_segment(arena, base, segment);
-  if (node == nullptr) return false;  // no descriptor for it
+  Node* node = add_segment(arena, base, segment, affinity);
+  if (node == nullptr) {  // no descriptor for it
+    if (why != nullptr) *why = CUDA_ERROR_OUT_OF_MEMORY;
+    return false;
+  }
   node = carve(arena, node, size);
-  *out = Block{node->ptr, node->size, node};
+  publish();
+  *out = Block{node->ptr, node->size, node, 0};
   return true;
 }
 
-void SegmentAllocator::free(const Block& block, std::uintptr_t affinity, std::uint64_t ready_at) {
+bool SegmentAllocator::mergeable(const Node* a, const Node* b, std::uint64_t completed) {
+  return a->affinity == b->affinity || (a->ready_at <= completed && b->ready_at <= completed);
+}
+
+void SegmentAllocator::absorb(Node* into, Node* gone) {
+  // Same token: the merged block serves that stream at once, every stream after both fences.
+  // Both ready: it serves every stream; it keeps a token only when both had it.
+  if (into->affinity != gone->affinity) into->affinity = 0;
+  into->ready_at = std::max(into->ready_at, gone->ready_at);
+  into->size += gone->size;
+  into->next_addr = gone->next_addr;
+  if (into->next_addr != nullptr) into->next_addr->prev_addr = into;
+  slabs_->put(gone);
+  ++stats_.merges;
+}
+
+void SegmentAllocator::merge_neighbours(Arena& arena, Node*& node, std::uint64_t completed) {
+  if (Node* next = node->next_addr;
+      next != nullptr && next->free && mergeable(node, next, completed)) {
+    remove_free(arena, next);
+    absorb(node, next);
+  }
+  if (Node* prev = node->prev_addr;
+      prev != nullptr && prev->free && mergeable(prev, node, completed)) {
+    remove_free(arena, prev);
+    absorb(prev, node);
+    node = prev;
+  }
+}
+
+void SegmentAllocator::free(const Block& block, std::uintptr_t affinity, std::uint64_t ready_at,
+                            std::uint64_t completed) {
   auto* node = static_cast<Node*>(block.node);
   std::lock_guard<SpinLock> guard(lock_);
   Arena& arena = *node->segment->arena;
   stats_.allocated -= node->size;
   node->affinity = affinity;
   node->ready_at = ready_at;
-  // A merged block may serve a stream at once only if both parts could; it is ready for every
-  // stream once both parts are.
-  auto absorb = [&](Node* into, Node* gone) {
-    into->affinity = into->affinity == gone->affinity ? into->affinity : 0;
-    into->ready_at = std::max(into->ready_at, gone->ready_at);
-    into->size += gone->size;
-    into->next_addr = gone->next_addr;
-    if (into->next_addr != nullptr) into->next_addr->prev_addr = into;
-    slabs_->put(gone);
-    ++stats_.merges;
-  };
-  if (Node* next = node->next_addr; next != nullptr && next->free) {
-    remove_free(arena, next);
-    absorb(node, next);
-  }
-  if (Node* prev = node->prev_addr; prev != nullptr && prev->free) {
-    remove_free(arena, prev);
-    absorb(prev, node);
-    node = prev;
-  }
+  raise_to(newest_ready_at_, ready_at, std::memory_order_relaxed);
+  merge_neighbours(arena, node, completed);
   insert_free(arena, node);
+  publish();
+}
+
+std::uint64_t SegmentAllocator::coalesce(std::uint64_t completed) {
+  std::lock_guard<SpinLock> guard(lock_);
+  const std::uint64_t before = stats_.merges;
+  for (Arena* arena : {small_, large_}) {
+    for (Segment* s = arena->segments; s != nullptr; s = s->next) {
+      for (Node* n = s->first; n != nullptr; n = n->next_addr) {
+        if (!n->free) continue;
+        Node* next = n->next_addr;
+        while (next != nullptr && next->free && mergeable(n, next, completed)) {
+          remove_free(*arena, n);
+          remove_free(*arena, next);
+          absorb(n, next);
+          insert_free(*arena, n);
+          next = n->next_addr;
+        }
+      }
+    }
+  }
+  return stats_.merges - before;
 }
 
 std::uint64_t SegmentAllocator::trim(std::uint64_t keep, std::uint64_t completed) {
@@ -351,6 +415,7 @@ std::uint64_t SegmentAllocator::trim(std::uint64_t keep, std::uint64_t completed
       stats_.reserved -= size;
       --stats_.segments;
       ++stats_.segments_released;
+      publish();
     }
     source_.release(base, size);  // outside the lock: a driver call
     released += size;
@@ -388,6 +453,7 @@ void SegmentAllocator::clear() {
     arena->split_min = split_min;
   }
   stats_.reserved = stats_.allocated = stats_.segments = stats_.free_blocks = 0;
+  publish();
 }
 
 SegmentAllocator::Stats SegmentAllocator::stats() const {

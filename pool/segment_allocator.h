@@ -21,8 +21,11 @@
 // Stream order (DESIGN §3): a free block remembers the stream token it was freed for
 // (`affinity`: work queued on that stream is ordered before any new use on it) and the fence
 // after which every stream may use it (`ready_at`). It serves a request at once for the same
-// token, or for any token once its fence has completed. Merged blocks keep a token only when
-// both parts had it, and the later fence. Which token a free carries is the Router's policy
+// token, or for any token once its fence has completed. A new segment's free rest carries the
+// token of the request that made it (it is ready for every stream too), so that a stream's frees
+// merge with the rest of its own segments, as PyTorch's per-stream segments do. Free neighbours
+// merge when they have the same token (the later fence), or when both are ready; others wait,
+// apart, for coalesce(). Which token a free carries is the Router's policy
 // (the legacy default stream orders every blocking stream, for instance); the allocator only
 // compares them.
 //
@@ -32,6 +35,7 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -45,8 +49,8 @@ class SegmentSource {
  public:
   virtual ~SegmentSource() = default;
   /// `bytes` of device memory usable from every stream once this returns; false when the pool
-  /// cannot provide them (out of memory, cap).
-  virtual bool reserve(std::uint64_t bytes, CUdeviceptr* out) = 0;
+  /// cannot provide them (out of memory, cap; `why` then holds the driver's answer).
+  virtual bool reserve(std::uint64_t bytes, CUdeviceptr* out, CUresult* why) = 0;
   /// Gives back a segment whose every use has completed.
   virtual void release(CUdeviceptr base, std::uint64_t bytes) = 0;
 };
@@ -62,12 +66,14 @@ class SegmentAllocator {
   static constexpr std::uint64_t kLargeSplitMin = 1ULL << 20;  // smallest remainder split off
   static constexpr int kSearchBudget = 64;  // usable-block checks in one search at the most
 
-  /// A block handed out: its address, its size after rounding, and the allocator's handle of
-  /// it (for free).
+  /// A block handed out: its address, its size after rounding, the allocator's handle of it
+  /// (for free), and the fence it waited for when it was free (0: a new segment's). A block
+  /// whose `ready_at` has not completed was served by its stream token.
   struct Block {
     CUdeviceptr ptr = 0;
     std::uint64_t size = 0;
     void* node = nullptr;
+    std::uint64_t ready_at = 0;
   };
 
   struct Stats {
@@ -76,6 +82,7 @@ class SegmentAllocator {
     std::uint64_t segments = 0;
     std::uint64_t free_blocks = 0;
     std::uint64_t largest_free = 0;  // the largest free block, usable or not
+    std::uint64_t free_peak = 0;     // the most bytes held in free blocks at once
     std::uint64_t reserved_peak = 0;
     std::uint64_t allocated_peak = 0;
     std::uint64_t splits = 0;  // running totals
@@ -95,15 +102,26 @@ class SegmentAllocator {
   static std::uint64_t segment_for(std::uint64_t bytes);
 
   /// Serves `bytes` (> 0) for stream token `affinity` (0: no stream's order may be relied on),
-  /// when fences up to `completed` have completed: from a free block, else from a new segment.
-  /// False (nothing changed) when none fits and the source cannot reserve a segment.
-  bool allocate(std::uint64_t bytes, std::uintptr_t affinity, std::uint64_t completed, Block* out);
+  /// when fences up to `completed` have completed: from a free block, else from a new segment
+  /// (of segment_for(bytes); when the source is out of memory for it, of the request's own size
+  /// rounded to 2 MiB).
+  /// False (nothing changed) when none fits and the source cannot reserve a segment (`why`, when
+  /// given, then holds the source's answer).
+  bool allocate(std::uint64_t bytes, std::uintptr_t affinity, std::uint64_t completed, Block* out,
+                CUresult* why = nullptr);
   /// Serves `bytes` from a free block only (no new segment): false when none is usable.
   bool allocate_from_free(std::uint64_t bytes, std::uintptr_t affinity, std::uint64_t completed,
                           Block* out);
   /// Takes back a block allocate() handed out: usable at once for `affinity` (0: none), and for
-  /// every stream once fence `ready_at` has completed (0: at once).
-  void free(const Block& block, std::uintptr_t affinity, std::uint64_t ready_at);
+  /// every stream once fence `ready_at` has completed (0: at once). It merges with a free
+  /// neighbour of the same token, or with one when both are ready (fences up to `completed`
+  /// have completed), so that a freshly freed block never makes ready memory wait.
+  void free(const Block& block, std::uintptr_t affinity, std::uint64_t ready_at,
+            std::uint64_t completed = 0);
+  /// Merges free neighbours left apart at their free (different tokens) that have since become
+  /// mergeable (both ready at `completed`). Walks every block: for a miss that would otherwise
+  /// grow, and the background. Returns the merges made.
+  std::uint64_t coalesce(std::uint64_t completed);
   /// Gives back whole free segments whose fence has completed (largest first) until at most
   /// `keep` bytes are reserved. Returns the bytes given back.
   std::uint64_t trim(std::uint64_t keep, std::uint64_t completed);
@@ -114,6 +132,14 @@ class SegmentAllocator {
   void clear();
 
   Stats stats() const;
+  /// Bytes held in free blocks (reserved but not handed out), without the lock.
+  std::uint64_t free_bytes() const { return free_bytes_.load(std::memory_order_relaxed); }
+  std::uint64_t free_peak() const { return free_peak_.load(std::memory_order_relaxed); }
+  /// Whether a free block may still wait for a fence later than `completed` (one is worth
+  /// starting), without the lock.
+  bool waiting(std::uint64_t completed) const {
+    return newest_ready_at_.load(std::memory_order_relaxed) > completed;
+  }
 
  private:
   struct Node;
@@ -124,11 +150,15 @@ class SegmentAllocator {
   Node* search(Arena& arena, std::uint64_t size, std::uintptr_t affinity, std::uint64_t completed);
   Node* carve(Arena& arena, Node* node, std::uint64_t size);
   /// The new segment's one free node; nullptr (and the segment given back) without descriptors.
-  Node* add_segment(Arena& arena, CUdeviceptr base, std::uint64_t bytes);
+  Node* add_segment(Arena& arena, CUdeviceptr base, std::uint64_t bytes, std::uintptr_t affinity);
+  static bool mergeable(const Node* a, const Node* b, std::uint64_t completed);
+  void absorb(Node* into, Node* gone);
+  void merge_neighbours(Arena& arena, Node*& node, std::uint64_t completed);
   Arena& arena_for(std::uint64_t size);
   void insert_free(Arena& arena, Node* node);
   void remove_free(Arena& arena, Node* node);
   void note_allocated(std::uint64_t size);
+  void publish();  // the lock-free figures, from stats_ (under the lock)
 
   SegmentSource& source_;
   mutable SpinLock lock_;
@@ -136,6 +166,9 @@ class SegmentAllocator {
   Arena* large_;
   Slabs* slabs_;
   Stats stats_;
+  std::atomic<std::uint64_t> free_bytes_{0};
+  std::atomic<std::uint64_t> free_peak_{0};
+  std::atomic<std::uint64_t> newest_ready_at_{0};
 };
 
 }  // namespace poolshim

@@ -12,40 +12,42 @@
 namespace poolshim {
 
 // X(name, meaning): monotonic totals since start (or since the device was reset).
-#define POOLSHIM_COUNTERS(X)                                                                    \
-  X(allocs, "allocations served from the pool (cudaMalloc and cudaMallocAsync)")                \
-  X(frees, "pooled blocks given back (cudaFree and cudaFreeAsync)")                             \
-  X(async_allocs, "of allocs, those made by cudaMallocAsync")                                   \
-  X(async_frees, "of frees, those made by cudaFreeAsync")                                       \
-  X(ordered_frees,                                                                              \
-    "of frees, cudaFree calls ordered behind the device's streams without a host stall (free "  \
-    "mode ordered)")                                                                            \
-  X(app_pool_allocs,                                                                            \
-    "allocations from a pool the application made or made current, passed through")             \
-  X(passthrough_allocs,                                                                         \
-    "allocation calls passed to the real function (zero size, capture, app "                    \
-    "pool, foreign context, shim not ready)")                                                   \
-  X(passthrough_frees,                                                                          \
-    "free calls passed to the real function (pointers the pool did not hand "                   \
-    "out, capture)")                                                                            \
-  X(failed_allocs, "allocation calls that returned an error to the application")                \
-  X(ooms, "allocation calls that returned out-of-memory to the application")                    \
-  X(oom_with_slack,                                                                             \
-    "of ooms, those where the pool's unused memory was at least the request "                   \
-    "(fragmentation)")                                                                          \
-  X(oom_retries, "pool allocations that ran out of memory and were retried after a trim")       \
-  X(oom_retry_successes, "of oom_retries, those that then succeeded")                           \
-  X(fallback_allocs, "allocations the pool could not serve but the real function could")        \
-  X(idle_trims, "background trims of an idle pool")                                             \
-  X(idle_trimmed_bytes, "bytes given back by background trims")                                 \
-  X(reset_dropped, "live allocations dropped by cudaDeviceReset")                               \
-  X(cache_hits, "of allocs, those served from the user-space cache without a driver call")      \
-  X(cache_misses, "allocations that found no fitting block in the cache (cache on)")            \
-  X(cache_returns, "cached blocks given back to the pool (aged, evicted, out-of-memory, idle)") \
-  X(fences, "device-wide fences started to make cached blocks reusable by any stream")          \
-  X(legacy_reuses,                                                                              \
-    "of cache_hits, cudaMalloc calls served a block behind a barrier on the legacy stream "     \
-    "(legacy_reuse)")
+#define POOLSHIM_COUNTERS(X)                                                                      \
+  X(allocs, "allocations served from the pool (cudaMalloc and cudaMallocAsync)")                  \
+  X(frees, "pooled blocks given back (cudaFree and cudaFreeAsync)")                               \
+  X(async_allocs, "of allocs, those made by cudaMallocAsync")                                     \
+  X(async_frees, "of frees, those made by cudaFreeAsync")                                         \
+  X(ordered_frees,                                                                                \
+    "of frees, cudaFree calls ordered behind the device's streams without a host stall (free "    \
+    "mode ordered)")                                                                              \
+  X(app_pool_allocs,                                                                              \
+    "allocations from a pool the application made or made current, passed through")               \
+  X(passthrough_allocs,                                                                           \
+    "allocation calls passed to the real function (zero size, capture, app "                      \
+    "pool, foreign context, shim not ready)")                                                     \
+  X(passthrough_frees,                                                                            \
+    "free calls passed to the real function (pointers the pool did not hand "                     \
+    "out, capture)")                                                                              \
+  X(failed_allocs, "allocation calls that returned an error to the application")                  \
+  X(ooms, "allocation calls that returned out-of-memory to the application")                      \
+  X(oom_with_slack,                                                                               \
+    "of ooms, those where the pool's unused memory was at least the request "                     \
+    "(fragmentation)")                                                                            \
+  X(oom_retries, "pool allocations that ran out of memory and were retried after a trim")         \
+  X(oom_retry_successes, "of oom_retries, those that then succeeded")                             \
+  X(fallback_allocs, "allocations the pool could not serve but the real function could")          \
+  X(idle_trims, "background trims of an idle pool")                                               \
+  X(idle_trimmed_bytes, "bytes given back by background trims")                                   \
+  X(reset_dropped, "live allocations dropped by cudaDeviceReset")                                 \
+  X(cache_hits, "of allocs, those served from a free block of the heap (no driver call)")         \
+  X(cache_misses, "allocations that needed a new segment from the pool")                          \
+  X(cache_returns, "times whole free segments went back to the pool (kept, idle, out-of-memory)") \
+  X(fences, "device-wide fences started to make free blocks reusable by any stream")              \
+  X(bounded_syncs,                                                                                \
+    "synchronizations instead of growing, when free memory waiting for fences was worth it")      \
+  X(retired_blocks, "blocks freed into a captured graph, which the heap never reuses")            \
+  X(legacy_reuses,                                                                                \
+    "barriers recorded on the legacy stream so that blocks freed in its order serve any stream")
 
 // X(name, meaning): figures with a current value, a peak and a running total of increases.
 #define POOLSHIM_GAUGES(X)                                                          \

@@ -77,6 +77,13 @@ class StreamRegistry {
   /// stream the shim could not place: work there is not covered by ordered frees.
   void mark_foreign_context() { foreign_context_.store(true, std::memory_order_release); }
   bool foreign_context() const { return foreign_context_.load(std::memory_order_acquire); }
+  /// The application made a stream of its own (blocking or not), or uses the per-thread default
+  /// stream: the legacy default stream is no longer the only one whose order counts. True on the
+  /// first call. Sequentially consistent, as any_listed().
+  bool mark_not_legacy_only() {
+    return !not_legacy_only_.exchange(true, std::memory_order_seq_cst);
+  }
+  bool legacy_only() const { return !not_legacy_only_.load(std::memory_order_seq_cst); }
 
  private:
   mutable std::shared_mutex mutex_;
@@ -85,6 +92,7 @@ class StreamRegistry {
   std::atomic<int> listed_{0};     // entries, read without the lock
   std::atomic<bool> observed_{false};
   std::atomic<bool> foreign_context_{false};
+  std::atomic<bool> not_legacy_only_{false};
 };
 
 }  // namespace poolshim

@@ -157,6 +157,16 @@ void note_handed_out(int i) {
   }
 }
 
+// The application has a stream other than the legacy default stream (it made one, or asks for
+// the per-thread default stream's variants): the legacy rule's barrier-free case ends.
+void note_stream_beyond_legacy() {
+  if (Router* router = poolshim::shim::router_if_running()) {
+    router->after_stream_created();
+  } else {
+    poolshim::shim::streams().mark_not_legacy_only();
+  }
+}
+
 // The hook for a real driver pointer, or the pointer itself when it is no hooked variant.
 void* substitute(void* real_pointer) {
   for (int i = 0; i < kHooks; ++i) {
@@ -226,10 +236,12 @@ CUresult mem_free_async(Real real_fn, CUdeviceptr dptr, CUstream stream, bool pt
   if (router == nullptr || dptr == 0) return real_fn(dptr, stream);
   poolshim::shim::paths().driver_calls.add();
   CUresult result = CUDA_SUCCESS;
-  auto call_real = [&] { return classify(result = real_fn(dptr, stream)); };
+  auto call_real = [&](void* p) {
+    return classify(result = real_fn(reinterpret_cast<CUdeviceptr>(p), stream));
+  };
   void* ptr = reinterpret_cast<void*>(dptr);
   if (captures_active()) {
-    router->free_unrouted(ptr, router->current_device(), call_real);
+    router->free_unrouted(ptr, router->current_device(), call_real, true, per_thread(stream, ptsz));
   } else {
     router->free_async(ptr, per_thread(stream, ptsz), call_real);
   }
@@ -286,6 +298,7 @@ F* unhooked(const char* name, std::atomic<void*>& cache) {
 void register_stream(CUresult r, const CUstream* stream, unsigned int flags) {
   if (!poolshim::shim::bookkeeping_allowed()) return;
   poolshim::shim::streams().mark_observed();
+  if (r == CUDA_SUCCESS) note_stream_beyond_legacy();
   // Blocking streams need no entry: the legacy default stream orders them (DESIGN §3). Every
   // non-blocking one does, in both free modes: ordered frees and the cache's event fences wait
   // for each (a fence that missed one let a block freed on it serve another stream while a
@@ -349,7 +362,9 @@ POOLSHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   if (router == nullptr) return real_fn(dptr);
   poolshim::shim::paths().driver_calls.add();
   CUresult result = CUDA_SUCCESS;
-  auto call_real = [&] { return classify(result = real_fn(dptr)); };
+  auto call_real = [&](void* p) {
+    return classify(result = real_fn(reinterpret_cast<CUdeviceptr>(p)));
+  };
   void* ptr = reinterpret_cast<void*>(dptr);
   if (captures_active()) {
     // During a capture the real function decides: it refuses the free where the capture
@@ -592,6 +607,7 @@ POOLSHIM_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int
                                              cuuint64_t flags,
                                              CUdriverProcAddressQueryResult* symbolStatus) {
   const CUresult r = real::cuGetProcAddress_v2()(symbol, pfn, cudaVersion, flags, symbolStatus);
+  if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0) note_stream_beyond_legacy();
   if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) {
     void* answer = substitute(*pfn);
     if (answer != *pfn) poolshim::shim::paths().proc_address_answers.add();
@@ -603,6 +619,7 @@ POOLSHIM_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int
 POOLSHIM_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
                                           cuuint64_t flags) {
   const CUresult r = real::cuGetProcAddress()(symbol, pfn, cudaVersion, flags);
+  if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0) note_stream_beyond_legacy();
   if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) {
     void* answer = substitute(*pfn);
     if (answer != *pfn) poolshim::shim::paths().proc_address_answers.add();

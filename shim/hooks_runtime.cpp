@@ -83,9 +83,10 @@ cudaError_t free_async(void* ptr, cudaStream_t stream, bool per_thread) {
   Router* router = routable_free(scope);
   if (router == nullptr || ptr == nullptr) return real_fn(ptr, stream);
   cudaError_t result = cudaSuccess;
-  auto call_real = [&] { return classify(result = real_fn(ptr, stream)); };
+  auto call_real = [&](void* p) { return classify(result = real_fn(p, stream)); };
   if (captures_active()) {
-    router->free_unrouted(ptr, router->current_device(), call_real);
+    router->free_unrouted(ptr, router->current_device(), call_real, true,
+                          driver_stream(stream, per_thread));
   } else {
     router->free_async(ptr, driver_stream(stream, per_thread), call_real);
   }
@@ -126,7 +127,7 @@ POOLSHIM_EXPORT cudaError_t cudaFree(void* devPtr) {
   Router* router = routable_free(scope);
   if (router == nullptr) return real::cudaFree()(devPtr);
   cudaError_t result = cudaSuccess;
-  auto call_real = [&] { return classify(result = real::cudaFree()(devPtr)); };
+  auto call_real = [&](void* p) { return classify(result = real::cudaFree()(p)); };
   if (captures_active()) {
     // During a capture the real function decides: it refuses the free where the capture
     // rules forbid it, and otherwise frees without the device-wide synchronization that would

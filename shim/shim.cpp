@@ -360,6 +360,7 @@ bool captures_active() {
 }
 
 void capture_began(cudaStream_t stream) {
+  if (Router* router = router_if_running()) router->before_capture();
   State& s = state();
   std::lock_guard<SpinLock> lock(s.capture_lock);
   // Counted even when no slot is free (it can then never be uncounted, which only keeps

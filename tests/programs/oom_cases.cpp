@@ -3,8 +3,9 @@
 // and exits with status 3, as such programs do.
 //   oom_cases exhausted      blocks of 4 MiB until the device is full (run with a small
 //                            device: CUDADOUBLE_MEM=32M)
-//   oom_cases fragmentation  eight 3 MiB blocks, then a 2 MiB one (CUDADOUBLE_MEM=32M: the
-//                            pool has 8 MiB unused, in 1 MiB pieces)
+//   oom_cases fragmentation  thirty-two 1 MiB blocks, every other one freed, then a 2 MiB one
+//                            (CUDADOUBLE_MEM=32M: the pool holds 16 MiB unused, in 1 MiB
+//                            pieces, one in each 2 MiB segment)
 //   oom_cases cap            layers of 4 MiB under POOLSHIM_LIMIT=16M, on a large device
 //   oom_cases retry          five attempts at 64 MiB under POOLSHIM_LIMIT=8M, then exit
 //   oom_cases layers N       layers of N MiB until failure (the GPU test's legacy program)
@@ -50,9 +51,10 @@ int main(int argc, char** argv) {
       if (!allocate_layer(4 * MiB)) die();
     }
   } else if (std::strcmp(mode, "fragmentation") == 0) {
-    for (int i = 0; i < 8; ++i) {
-      if (!hold_block(3 * MiB)) die();
+    for (int i = 0; i < 32; ++i) {
+      if (!hold_block(MiB)) die();
     }
+    for (int i = 0; i < 32; i += 2) cudaFree(g_held[i]);
     if (!allocate_layer(2 * MiB)) die();
   } else if (std::strcmp(mode, "cap") == 0) {
     for (int i = 0; i < 3; ++i) {

@@ -43,6 +43,13 @@ class DriverDouble {
     return s;
   }
   unsigned long long calls(const char* name) const { return calls_(name); }
+  /// A function of the double the core never calls (say cuStreamBeginCapture_v2), by name.
+  template <typename F>
+  F* function(const char* name) const {
+    auto* f = reinterpret_cast<F*>(dlsym(handle_, name));
+    REQUIRE(f != nullptr);
+    return f;
+  }
   /// Makes `ordinal`'s primary context current on this thread (as a runtime call would).
   CUcontext make_current(int ordinal) const {
     CUdevice dev = 0;
@@ -116,6 +123,11 @@ struct RealStub {
   }
   RealResult operator()(std::size_t bytes) {
     last_request = bytes;
+    return (*this)();
+  }
+  void* last_pointer = nullptr;  // what a real free was called for
+  RealResult operator()(void* ptr) {
+    last_pointer = ptr;
     return (*this)();
   }
 };

@@ -59,10 +59,14 @@ ProcessInfo info_for(const std::string& log) {
   return info;
 }
 
-RealResult never_called() {
-  FAIL("the real function was called");
-  return RealResult::error;
-}
+// Stands in for a real function that must not run (allocation or free).
+struct NeverCalled {
+  template <typename... Args>
+  RealResult operator()(Args&&...) const {
+    FAIL("the real function was called");
+    return RealResult::error;
+  }
+} never_called;
 
 }  // namespace
 
@@ -87,17 +91,15 @@ TEST_CASE("log file: a symbolic link is refused with a sentence saying so") {
 }
 
 TEST_CASE("worker: start, sample and exit records with the pool's figures") {
-  Config no_cache = Config::defaults();
-  no_cache.cache = SizeValue{};  // the pool's own figures, no block held in front of it
-  Rig rig(1, 64 * MiB, no_cache);
+  Rig rig(1, 64 * MiB);
   auto& [d, config, events, router] = rig;
   const std::string path = temp_path("records");
   std::remove(path.c_str());
   BackgroundWorker worker(router, events, info_for(path), {"a startup warning"});
   worker.begin();
 
-  void* a = sync_alloc(router, 0, 1000, never_called);
-  CHECK(sync_alloc(router, 0, 3 * MiB, never_called) != nullptr);
+  void* a = sync_alloc(router, 0, 2 * MiB, never_called);  // both from one 20 MiB segment
+  CHECK(sync_alloc(router, 0, 10 * MiB, never_called) != nullptr);
   router.free_sync(a, 0, never_called);
   worker.tick(now_ns() + 2000000000ULL);  // past the 1 s sample interval
   worker.end(ExitExtras{{"a note"}, {{"runtime_hooks", 3}}});
@@ -113,20 +115,21 @@ TEST_CASE("worker: start, sample and exit records with the pool's figures") {
   CHECK(has(lines[1], "\"message\":\"a startup warning\""));
   for (int i : {2, 3}) {
     CHECK(has(lines[i], "\"type\":\"sample\""));
-    CHECK(has(lines[i], "\"device\":0,\"reserved_bytes\":6291456,"));  // 2 MiB + 4 MiB chunks
-    CHECK(has(lines[i], "\"used_bytes\":3145728,"));
-    CHECK(has(lines[i], "\"requested_bytes\":3145728,\"requested_bytes_peak\":3146728,"));
+    CHECK(has(lines[i], "\"device\":0,\"reserved_bytes\":20971520,"));  // one 20 MiB segment
+    CHECK(has(lines[i], "\"used_bytes\":20971520,"));  // held by the heap, to the driver
+    CHECK(has(lines[i], "\"requested_bytes\":10485760,\"requested_bytes_peak\":12582912,"));
     CHECK(has(lines[i], "\"allocs\":2,\"frees\":1,"));
+    CHECK(has(lines[i], "\"cached_bytes\":10485760,"));  // the freed 2 MiB and the 8 MiB rest
     CHECK(has(lines[i], "\"pool_slack\":0.5,"));
     CHECK(has(lines[i], "\"rounding_waste\":0,"));
-    CHECK(has(lines[i], "\"device_free\":60817408,\"device_total\":67108864"));
-    CHECK(has(lines[i], "\"size_histogram\":{\"2097152\":1}"));
+    CHECK(has(lines[i], "\"device_free\":46137344,\"device_total\":67108864"));
+    CHECK(has(lines[i], "\"size_histogram\":{\"8388608\":1}"));
   }
   CHECK(has(lines[4], "\"type\":\"exit\""));
   CHECK(has(lines[4], "\"pooled_allocs\":2"));
   CHECK(has(
       lines[4],
-      "\"leaks\":{\"count\":1,\"bytes\":3145728,\"largest\":[{\"device\":0,\"bytes\":3145728,"));
+      "\"leaks\":{\"count\":1,\"bytes\":10485760,\"largest\":[{\"device\":0,\"bytes\":10485760,"));
   CHECK(has(lines[4], "\"paths\":{\"runtime_hooks\":3},\"notes\":[\"a note\"]"));
   std::remove(path.c_str());
 }
@@ -157,46 +160,52 @@ TEST_CASE("worker: an OOM event becomes an oom record with verdict and hint") {
 TEST_CASE("worker: an idle pool is trimmed gradually down to the release threshold") {
   Config c = Config::defaults();
   c.idle_trim_ms = 1000;
+  c.cache = *parse_size("1G", true);  // the heap keeps its free segments until the idle trim
   Rig rig(1, 64 * MiB, c);
   auto& [d, config, events, router] = rig;
   BackgroundWorker worker(router, events, info_for(""), {});
   worker.begin();
   std::vector<void*> blocks(4);
-  for (auto& b : blocks) b = sync_alloc(router, 0, 3 * MiB, never_called);  // 4 MiB chunks
+  for (auto& b : blocks) b = sync_alloc(router, 0, 12 * MiB, never_called);  // own segments
   for (auto* b : blocks) router.free_sync(b, 0, never_called);
-  REQUIRE(router.snapshot(0).pool.reserved == 16 * MiB);
+  REQUIRE(router.snapshot(0).pool.reserved == 48 * MiB);
   const std::uint64_t t0 = now_ns();
   worker.tick(t0);                 // notes the activity
   worker.tick(t0 + 500000000ULL);  // idle for 0.5 s: nothing yet
-  CHECK(router.snapshot(0).pool.reserved == 16 * MiB);
-  worker.tick(t0 + 1100000000ULL);  // idle for 1.1 s: keep used + half the excess (8 MiB)
+  CHECK(router.snapshot(0).pool.reserved == 48 * MiB);
+  worker.tick(t0 + 1100000000ULL);  // idle for 1.1 s: keep used + half the excess (24 MiB)
   DeviceSnapshot s = router.snapshot(0);
-  CHECK(s.pool.reserved == 4 * MiB);  // chunks go newest first while reserved >= 8 MiB
+  CHECK(s.pool.reserved == 24 * MiB);  // two whole free segments went back, then the trim
+  CHECK(s.pool.used == 24 * MiB);      // the heap still holds two
   CHECK(s.stats.idle_trims == 1);
-  CHECK(s.stats.idle_trimmed_bytes == 12 * MiB);
-  worker.tick(t0 + 1350000000ULL);  // 4 MiB excess, under the step floor: trim to 0
+  CHECK(s.stats.idle_trimmed_bytes == 24 * MiB);
+  worker.tick(t0 + 1350000000ULL);  // half of the 24 MiB excess
+  s = router.snapshot(0);
+  CHECK(s.pool.reserved == 12 * MiB);
+  worker.tick(t0 + 1600000000ULL);  // keep 6 MiB: the last 12 MiB segment goes too
   s = router.snapshot(0);
   CHECK(s.pool.reserved == 0);
-  CHECK(s.stats.idle_trims == 2);
-  CHECK(s.stats.idle_trimmed_bytes == 16 * MiB);
+  CHECK(s.stats.idle_trims == 3);
+  CHECK(s.stats.idle_trimmed_bytes == 48 * MiB);
   worker.end(ExitExtras{});
 }
 
 TEST_CASE("worker: release_threshold keeps that much unused memory cached") {
   Config c = Config::defaults();
   c.idle_trim_ms = 1000;
-  c.release_threshold = *parse_size("8M", true);
+  c.release_threshold = *parse_size("12M", true);
+  c.cache = *parse_size("1G", true);
   Rig rig(1, 64 * MiB, c);
   auto& [d, config, events, router] = rig;
   BackgroundWorker worker(router, events, info_for(""), {});
   worker.begin();
   std::vector<void*> blocks(4);
-  for (auto& b : blocks) b = sync_alloc(router, 0, 3 * MiB, never_called);
+  for (auto& b : blocks) b = sync_alloc(router, 0, 12 * MiB, never_called);  // own segments
   for (auto* b : blocks) router.free_sync(b, 0, never_called);
   const std::uint64_t t0 = now_ns();
   for (int i = 0; i < 10; ++i) worker.tick(t0 + (1100 + 250 * i) * 1000000ULL);
-  // Excess 8 MiB over the threshold: keep 8 + 4 MiB -> reserved 8 MiB (chunks are 4 MiB).
-  CHECK(router.snapshot(0).pool.reserved == 8 * MiB);
+  // 48 -> keep 12 + 18 -> 24 MiB; keep 12 + 6 -> 12 MiB; then no excess over the threshold.
+  CHECK(router.snapshot(0).pool.reserved == 12 * MiB);
   worker.end(ExitExtras{});
 }
 

@@ -122,7 +122,7 @@ TEST_CASE("config: a value in a message is quoted, escaped and cut short") {
   CHECK(p.warnings[1] ==
         "POOLSHIM_CACHE=\"" + std::string(60, '9') +
             "\"... (100001 bytes) is not a size (bytes with K/M/G/T, e.g. 512M, or "
-            "a % of device memory); using 5% (the default)");
+            "a % of device memory); using 64M (the default)");
   // UTF-8 stays readable; bytes that are not UTF-8 are shown as \xNN.
   const ParsedConfig u = parse_config({"POOLSHIM_FREE=caf\xc3\xa9\xff"});
   REQUIRE(u.warnings.size() == 1);
@@ -141,7 +141,7 @@ TEST_CASE("config: strict mode's errors name the problem, not a value it will no
         "POOLSHIM_CACHE=\"lots\" is not a size (bytes with K/M/G/T, e.g. 512M, or a % of device "
         "memory)");
   REQUIRE(p.warnings.size() == 1);
-  CHECK(p.warnings[0] == p.errors[0] + "; using 5% (the default)");
+  CHECK(p.warnings[0] == p.errors[0] + "; using 64M (the default)");
 }
 
 TEST_CASE("config: every bad value of a key is reported, and the value used is named") {

@@ -32,15 +32,17 @@ TEST_CASE("router: cudaMalloc is served from the device's pool, counted once") {
   CHECK(s.stats.requested_bytes.current == 1000);
   CHECK(s.stats.live_allocs.current == 1);
   CHECK(s.stats.histogram[9] == 1);  // 512 <= 1000 < 1024
-  CHECK(s.pool.used == 1024);
+  CHECK(s.pool.used == 2 * MiB);     // the heap's segment, to the driver
   CHECK(s.pool.reserved == 2 * MiB);
+  CHECK(s.cached_bytes == 2 * MiB - 1024);  // the segment's free rest
   CHECK(d.calls("cuMemAllocFromPoolAsync") == 1);
   CHECK(d.calls("cuMemAlloc_v2") == 0);
   CHECK(d.calls("cuStreamSynchronize") == 1);  // usable from every stream on return
 }
 
 TEST_CASE(
-    "router: cache off: cudaFree synchronizes the device and the pool keeps the block for reuse") {
+    "router: cudaFree synchronizes the device, the block goes back to the heap, and with "
+    "cache=0 its whole free segment then goes back to the pool") {
   Rig rig(1, 64 * MiB, without_cache());
   auto& [d, config, events, router] = rig;
   RealStub real;
@@ -55,15 +57,21 @@ TEST_CASE(
   CHECK(s.stats.requested_bytes.peak == 1000);
   CHECK(s.stats.live_allocs.current == 0);
   CHECK(s.stats.histogram[9] == 0);
-  CHECK(s.pool.used == 0);
-  CHECK(s.pool.reserved == 2 * MiB);
-  CHECK(d.device(0).consumption == 2 * MiB);
+  CHECK(s.pool.used == 2 * MiB);
+  CHECK(s.cached_bytes == 2 * MiB);  // merged back into one free segment
   CHECK(router.unused_bytes(0) == 2 * MiB);
 
   void* q = nullptr;
   q = sync_alloc(router, 0, 1000, real);
-  CHECK(q == p);  // the cached block, no new reservation
-  CHECK(router.snapshot(0).pool.reserved == 2 * MiB);
+  CHECK(q == p);  // the heap's block, no new reservation
+  CHECK(d.calls("cuMemAllocFromPoolAsync") == 1);
+  router.free_sync(q, 0, real);
+  CHECK(router.tend_heap(0) == 2 * MiB);  // keeps nothing beyond what is in use
+  s = router.snapshot(0);
+  CHECK(s.pool.used == 0);
+  CHECK(s.pool.reserved == 2 * MiB);  // the pool keeps it until a trim
+  CHECK(s.stats.cache_returns == 1);
+  CHECK(d.device(0).consumption == 2 * MiB);
 }
 
 TEST_CASE("router: a pointer the pool did not hand out goes to the real cudaFree unchanged") {
@@ -183,7 +191,9 @@ TEST_CASE("router: an allocation the pool cannot serve but the real function can
   CHECK(e[0].kind == Event::Kind::warning);
 }
 
-TEST_CASE("router: cache off: cudaMallocAsync allocates in the stream's order from the pool") {
+TEST_CASE(
+    "router: cudaMallocAsync is served from a segment of the heap, which a free on the same "
+    "stream serves again at once") {
   Rig rig(1, 64 * MiB, without_cache());
   auto& [d, config, events, router] = rig;
   d.make_current(0);
@@ -194,19 +204,24 @@ TEST_CASE("router: cache off: cudaMallocAsync allocates in the stream's order fr
   void* p = nullptr;
   p = async_alloc(router, 0, 4096, stream, real);
   REQUIRE(p != nullptr);
+  StreamRegistry streams;  // stream creation seen: the stream's handle is a safe token
+  streams.mark_observed();
+  router.set_stream_registry(&streams);
   router.free_async(p, stream, real);
-  CHECK(d.device(0).pending_free_count == 1);  // no synchronization: the free is stream-ordered
+  CHECK(d.device(0).pending_free_count == 0);  // kept by the heap: no driver call
   void* q = nullptr;
   q = async_alloc(router, 0, 4096, stream, real);
-  CHECK(q == p);  // the same stream may reuse its pending free at once
+  CHECK(q == p);  // the same stream may reuse its free at once
   CHECK(real.calls == 0);
   const DeviceSnapshot s = router.snapshot(0);
   CHECK(s.stats.async_allocs == 2);
   CHECK(s.stats.async_frees == 1);
   CHECK(s.stats.allocs == 2);
   CHECK(s.stats.live_allocs.current == 1);
+  CHECK(s.stats.cache_hits == 1);
   CHECK(d.calls("cuCtxSynchronize") == 0);
-  CHECK(d.calls("cuStreamSynchronize") == 0);
+  CHECK(d.calls("cuStreamSynchronize") == 1);  // the segment's, on the pool's own stream
+  CHECK(d.calls("cuMemAllocFromPoolAsync") == 1);
 }
 
 TEST_CASE("router: cudaMallocAsync with an application-owned current pool passes through") {
@@ -289,8 +304,8 @@ TEST_CASE("router: each device has its own pool and counters") {
   d.make_current(1);
   CHECK(sync_alloc(router, 1, 1000, real) != nullptr);
   CHECK(router.active_devices() == std::vector<int>{0, 1});
-  CHECK(router.snapshot(0).pool.reserved == 4 * MiB);
-  CHECK(router.snapshot(1).pool.reserved == 2 * MiB);
+  CHECK(router.snapshot(0).pool.reserved == 20 * MiB);  // a large segment
+  CHECK(router.snapshot(1).pool.reserved == 2 * MiB);   // a small one
   // Freeing device 0's block while device 1 is current synchronizes both, then frees.
   router.free_sync(p0, 1, real);
   CHECK(real.calls == 0);
@@ -299,18 +314,44 @@ TEST_CASE("router: each device has its own pool and counters") {
   CHECK(d.calls("cuCtxSynchronize") == 2);
 }
 
-TEST_CASE("router: a free while routing is suspended goes to the real function and is forgotten") {
+TEST_CASE(
+    "router: a free while routing is suspended is answered by the real function on the proxy; "
+    "the block goes back to the heap behind a fence") {
   Rig rig(1, 64 * MiB);
   auto& [d, config, events, router] = rig;
   RealStub real;
   void* p = nullptr;
   p = sync_alloc(router, 0, 1000, real);
+  router.before_capture();  // the proxy is made before a capture begins
+  REQUIRE(d.calls("cuMemAlloc_v2") == 1);
   router.free_unrouted(p, 0, real);
   CHECK(real.calls == 1);
+  CHECK(real.last_pointer != p);         // the proxy, a real allocation of the shim's own
+  CHECK(d.calls("cuMemAlloc_v2") == 2);  // freed by the real function: made anew
   DeviceSnapshot s = router.snapshot(0);
   CHECK(s.stats.passthrough_frees == 1);
   CHECK(s.stats.live_allocs.current == 0);
   CHECK(router.live_allocations().empty());
+  CHECK(s.cached_bytes == 2 * MiB);
+  // Not reusable before a fence (a free during a capture does not synchronize), and no event
+  // fence can be made without a stream registry: a new segment, no host stall.
+  CHECK(sync_alloc(router, 0, 1000, real) != p);
+  CHECK(d.calls("cuCtxSynchronize") == 0);
+  CHECK(router.snapshot(0).pool.reserved == 4 * MiB);
+}
+
+TEST_CASE(
+    "router: without a proxy, a suspended free of a segment's first block asks the real "
+    "function for an address inside it, and the block stays live") {
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
+  RealStub ok;
+  void* p = sync_alloc(router, 0, 1000, ok);
+  RealStub refused{RealResult::error};  // what the driver answers for such an address
+  router.free_unrouted(p, 0, refused);
+  CHECK(refused.calls == 1);
+  CHECK(refused.last_pointer == static_cast<char*>(p) + 256);  // never the segment's base
+  CHECK(router.live_allocations().size() == 1);
 }
 
 TEST_CASE("router: a failed real free of a pooled pointer keeps it live") {
@@ -335,7 +376,7 @@ TEST_CASE(
     threads.emplace_back([&, t] {
       for (int i = 0; i < 200; ++i) {
         void* p = nullptr;
-        auto real = [&] {
+        auto real = [&](auto&&...) {
           real_calls.fetch_add(1);
           return RealResult::success;
         };
@@ -351,10 +392,11 @@ TEST_CASE(
   CHECK(s.stats.frees == 1600);
   CHECK(s.stats.live_allocs.current == 0);
   CHECK(s.stats.requested_bytes.current == 0);
-  CHECK(s.pool.used == 0);
+  router.tend_heap(0);  // cache=0: every whole free segment goes back
+  CHECK(router.snapshot(0).pool.used == 0);
 }
 
-TEST_CASE("router: cache off: an ordered free waits on the device's streams, not the host") {
+TEST_CASE("router: an ordered free makes no driver call and no host stall") {
   Rig rig(1, 64 * MiB, without_cache(ordered_config()));
   auto& [d, config, events, router] = rig;
   StreamRegistry streams;
@@ -370,10 +412,11 @@ TEST_CASE("router: cache off: an ordered free waits on the device's streams, not
   void* p = sync_alloc(router, 0, 1000, real);
   router.free_sync(p, 0, real);
   CHECK(real.calls == 0);
-  CHECK(d.calls("cuCtxSynchronize") == 0);   // no host stall
-  CHECK(d.calls("cuEventRecord") == 2);      // the legacy stream and the app's stream
-  CHECK(d.calls("cuStreamWaitEvent") == 2);  // the free stream waits for both
-  CHECK(d.calls("cuMemFreeAsync") == 1);
+  CHECK(d.calls("cuCtxSynchronize") == 0);  // no host stall
+  CHECK(d.calls("cuEventRecord") == 0);     // ordering waits for the next fence
+  CHECK(d.calls("cuStreamWaitEvent") == 0);
+  CHECK(d.calls("cuMemFreeAsync") == 0);
+  CHECK(router.snapshot(0).cached_bytes == 2 * MiB);
   const DeviceSnapshot s = router.snapshot(0);
   CHECK(s.stats.frees == 1);
   CHECK(s.stats.ordered_frees == 1);

@@ -27,8 +27,11 @@ struct CountingSource : SegmentSource {
   std::uint64_t budget = ~0ULL;  // bytes it may still reserve
   std::vector<std::pair<CUdeviceptr, std::uint64_t>> reserved;
   std::vector<std::pair<CUdeviceptr, std::uint64_t>> released;
-  bool reserve(std::uint64_t bytes, CUdeviceptr* out) override {
-    if (bytes > budget) return false;
+  bool reserve(std::uint64_t bytes, CUdeviceptr* out, CUresult* why) override {
+    if (bytes > budget) {
+      *why = CUDA_ERROR_OUT_OF_MEMORY;
+      return false;
+    }
     budget -= bytes;
     *out = next;
     reserved.emplace_back(next, bytes);
@@ -193,22 +196,30 @@ TEST_CASE("segments: a freed block serves its own stream at once, others after i
   // Another stream, fence 5 not complete: the segment's tail, after `pad`.
   REQUIRE(a.allocate(256 * KiB, s2, 4, &b));
   CHECK(b.ptr == pad.ptr + 256 * KiB);
-  a.free(b, s2, 6);  // merges with the tail: no stream's shortcut, ready after fence 6
+  // s2's block and the ready tail after it have different tokens: they stay apart, so that the
+  // tail stays ready for every stream.
+  a.free(b, s2, 6, 4);
+  CHECK(a.stats().merges == 0);
   // The same stream: at once, with no fence.
   REQUIRE(a.allocate_from_free(256 * KiB, s1, 0, &b));
   CHECK(b.ptr == y.ptr);
-  a.free(b, s1, 7);
-  // A third stream finds nothing before fence 6, then the tail, then (fence 7) y as well.
-  CHECK_FALSE(a.allocate_from_free(200 * KiB, 0x53, 5, &b));
-  REQUIRE(a.allocate_from_free(200 * KiB, 0x53, 6, &b));
-  CHECK(b.ptr == pad.ptr + 256 * KiB);
+  a.free(b, s1, 7, 0);
+  // A third stream before fence 6: the tail after s2's block; at fence 6 s2's block too, then
+  // (fence 7) y as well.
+  REQUIRE(a.allocate_from_free(200 * KiB, 0x53, 5, &b));
+  CHECK(b.ptr == pad.ptr + 512 * KiB);
   Block c;
-  REQUIRE(a.allocate_from_free(200 * KiB, 0x53, 7, &c));
-  CHECK(c.ptr == y.ptr);
+  REQUIRE(a.allocate_from_free(200 * KiB, 0x53, 6, &c));
+  CHECK(c.ptr == pad.ptr + 256 * KiB);
+  Block e;
+  REQUIRE(a.allocate_from_free(200 * KiB, 0x53, 7, &e));
+  CHECK(e.ptr == y.ptr);
   CHECK(source.reserved.size() == 1);
 }
 
-TEST_CASE("segments: a merged block keeps a stream only when both parts had it") {
+TEST_CASE(
+    "segments: neighbours freed for different streams stay apart until both are ready, then "
+    "coalesce merges them") {
   CountingSource source;
   SegmentAllocator a(source);
   const std::uintptr_t s1 = 0x51;
@@ -216,18 +227,55 @@ TEST_CASE("segments: a merged block keeps a stream only when both parts had it")
   const Block x = take(a, 64 * KiB);
   const Block y = take(a, 64 * KiB);
   const Block guard = take(a, 64 * KiB);
-  a.free(x, s1, 3);
-  a.free(y, s2, 4);  // merges with x: neither stream's order covers both; ready after fence 4
+  a.free(x, s1, 3, 0);
+  a.free(y, s2, 4, 0);  // neither stream's order covers both: not merged with x
+  CHECK(a.stats().merges == 0);
+  CHECK(a.stats().free_blocks == 3);  // x, y and the segment's tail
   Block b;
-  // s1 at fence 3: not the merged block (y may still be in use on s2), the segment's tail.
+  // s1 at fence 3: x is too small, y may still be in use on s2: the segment's tail.
   REQUIRE(a.allocate_from_free(128 * KiB, s1, 3, &b));
   CHECK(b.ptr == guard.ptr + 64 * KiB);
-  a.free(b, 0, 0);
-  // Once fence 4 completes the merged block serves any stream, as one 128 KiB block.
+  a.free(b, 0, 0, 3);  // ready, next to the ready tail: merged
+  CHECK(a.stats().merges == 1);
+  // Fence 4 done: both ready, but nothing merged them yet; coalesce does, into one 128 KiB.
+  CHECK(a.coalesce(3) == 0);  // y is not ready before fence 4
+  CHECK(a.coalesce(4) == 1);
   REQUIRE(a.allocate_from_free(128 * KiB, s2, 4, &b));
   CHECK(b.ptr == x.ptr);
   CHECK(b.size == 128 * KiB);
   CHECK(a.stats().merges == 2);
+}
+
+TEST_CASE("segments: a stream's frees merge with the rest of a segment that stream made") {
+  CountingSource source;
+  SegmentAllocator a(source);
+  const std::uintptr_t s1 = 0x51;
+  Block x;
+  REQUIRE(a.allocate(64 * KiB, s1, 0, &x));  // a new segment: its rest carries s1's token
+  a.free(x, s1, 9, 0);  // fence 9 not complete, but the same token: one block again
+  const auto st = a.stats();
+  CHECK(st.merges == 1);
+  CHECK(st.free_blocks == 1);
+  CHECK(st.largest_free == 2 * MiB);
+  Block b;
+  REQUIRE(a.allocate_from_free(1 * MiB, s1, 0, &b));  // s1 takes the merged block at once
+  CHECK(b.ptr == x.ptr);
+  a.free(b, s1, 10, 0);
+  CHECK_FALSE(a.allocate_from_free(4 * KiB, 0x52, 9, &b));  // another stream waits for fence 10
+  CHECK(a.allocate_from_free(4 * KiB, 0x52, 10, &b));
+}
+
+TEST_CASE("segments: when a shared segment does not fit, one of the request's own size does") {
+  CountingSource source;
+  source.budget = 8 * MiB;
+  SegmentAllocator a(source);
+  Block b;
+  REQUIRE(a.allocate(3 * MiB, 0, 0, &b));  // 20 MiB refused: a 4 MiB segment
+  REQUIRE(source.reserved.size() == 1);
+  CHECK(source.reserved[0].second == 4 * MiB);
+  CHECK(b.size == 3 * MiB);  // the 1 MiB rest is split off (the large arena's minimum)
+  CHECK(a.stats().reserved == 4 * MiB);
+  CHECK(a.stats().largest_free == 1 * MiB);
 }
 
 TEST_CASE("segments: a destroyed stream's blocks wait for their fence") {
