@@ -4,6 +4,7 @@
 // buffer's first min(n, 4096) bytes. The first `warmup` iterations are not timed (nor counted by
 // the call timer of scripts/bench's profile section). Prints one line:
 //   churn_bench: api=A live=L touch=T iterations=N warmup=W max_bytes=M checksum=C us_per_pair=X
+//                live_peak_bytes=P
 //
 //   churn_bench API ITERATIONS LIVE MAX_BYTES [none|kernel] [WARMUP]
 //
@@ -128,19 +129,29 @@ int main(int argc, char** argv) {
   };
 
   std::vector<void*> buffers(live);
+  std::vector<size_t> sizes(live);
   std::uint64_t checksum = 0;
-  for (auto& b : buffers) {
+  size_t live_bytes = 0;
+  size_t live_peak = 0;  // what the program itself holds at most (the footprint section's base)
+  for (int i = 0; i < live; ++i) {
     const size_t n = next_size();
     checksum += n;
-    b = allocate(n);
+    buffers[i] = allocate(n);
+    sizes[i] = n;
+    live_bytes += n;
   }
+  live_peak = live_bytes;
   auto churn = [&](long count) {
     for (long i = 0; i < count; ++i) {
       const size_t victim = rng() % buffers.size();
       release(buffers[victim]);
+      live_bytes -= sizes[victim];
       const size_t n = next_size();
       checksum = checksum * 31 + n;
       buffers[victim] = allocate(n);
+      sizes[victim] = n;
+      live_bytes += n;
+      if (live_bytes > live_peak) live_peak = live_bytes;
     }
   };
   churn(warmup);
@@ -158,8 +169,9 @@ int main(int argc, char** argv) {
   if (pool != nullptr) CHECK_CUDA(cudaMemPoolDestroy(pool));
   std::printf(
       "churn_bench: api=%s live=%d touch=%s iterations=%ld warmup=%ld max_bytes=%.0f checksum=%llu "
-      "us_per_pair=%.4f\n",
+      "us_per_pair=%.4f live_peak_bytes=%zu\n",
       api_name(api), live, touch ? "kernel" : "none", iterations, warmup, max_bytes,
-      static_cast<unsigned long long>(checksum), iterations > 0 ? seconds * 1e6 / iterations : 0.0);
+      static_cast<unsigned long long>(checksum), iterations > 0 ? seconds * 1e6 / iterations : 0.0,
+      live_peak);
   return 0;
 }

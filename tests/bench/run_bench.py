@@ -15,7 +15,9 @@ checked to have pooled its allocations and the pool's peaks and cache counters c
 
 Workloads: churn, async, threads, torch, observability; with churn or torch (or alone: --only
 profile) a call profile runs them once more under the call timer (tests/perf/call_timer.cpp), to
-show where their allocation time goes. Exit status 0 when every selected
+show where their allocation time goes. The memory sections of issue 13 (memory_sections.py):
+footprint (NVML peaks of GPT-2, torch_train.py and churn under every allocator) and capacity
+(the largest GPT-2 batch within a 6 GB budget). Exit status 0 when every selected
 workload ran (targets not met are no failure), 1 when one broke: a non-zero exit status, an
 output line it could not parse, a shim run that pooled nothing, or PyTorch losses that differ.
 """
@@ -40,14 +42,16 @@ sys.path.insert(0, HERE)
 from harness import (ROOT, Failure, clean_environment, exit_device, exit_record, logs_in, parse_fields,  # noqa: E402
                      poolshim_log, run_process, with_shim)
 import bench_table as bt  # noqa: E402
+import memory_sections  # noqa: E402
 
 CUDA = os.environ.get("CUDA_HOME", "/usr/local/cuda")
 PROGRAMS = {"churn_bench": "tests/bench/churn_bench.cu", "threads_bench": "tests/bench/threads_bench.cu"}
 WORKLOADS = ("churn", "async", "threads", "torch", "observability")
 NEEDS = {"churn": "churn_bench", "async": "churn_bench", "observability": "churn_bench", "threads": "threads_bench",
-         "profile": "churn_bench"}
-# Sections that are not workloads of the table: --only profile runs the call profile alone.
-SECTIONS = ("profile",)
+         "profile": "churn_bench", "footprint": "churn_bench"}
+# Sections that are not workloads of the table: --only profile runs the call profile alone;
+# footprint and capacity (issue 13, tests/bench/memory_sections.py) run only when named.
+SECTIONS = ("profile", "footprint", "capacity")
 MiB = 1 << 20
 DIRECT_POOL_NOTE = ("direct pool: cudaMallocFromPoolAsync on a pool the program creates as poolshim creates its own "
                     "(pinned device memory, release threshold UINT64_MAX, so it behaves as a warmed pool; reuse "
@@ -72,14 +76,18 @@ class Settings:
     torch_steps: int
     torch_warmup: int
     observe_iterations: int  # long enough for several 100 ms samples under the shim
+    gpt2_steps: int          # the footprint section's GPT-2 loop
+    gpt2_warmup: int
+    footprint_rounds: int
+    capacity_steps: int
 
 
 FULL = Settings(rounds=5, thread_rounds=3, torch_rounds=3, churn_iterations=10000, churn_warmup=5000,
                 async_iterations=50000, async_warmup=5000, thread_pairs=20000, torch_steps=60, torch_warmup=10,
-                observe_iterations=300000)
+                observe_iterations=300000, gpt2_steps=24, gpt2_warmup=4, footprint_rounds=2, capacity_steps=6)
 QUICK = Settings(rounds=2, thread_rounds=1, torch_rounds=1, churn_iterations=1000, churn_warmup=100,
                  async_iterations=5000, async_warmup=500, thread_pairs=2000, torch_steps=8, torch_warmup=2,
-                 observe_iterations=5000)
+                 observe_iterations=5000, gpt2_steps=6, gpt2_warmup=2, footprint_rounds=1, capacity_steps=3)
 
 
 class Broken(Exception):
@@ -279,6 +287,8 @@ class Bench:
         self.runs = []      # every raw run, for bench.json
         self.samples = []   # one figure of one run each (bench_table)
         self.reference_losses = None  # the first uncached PyTorch run's
+        self.root = ROOT
+        self.slug = slug
 
     def progress(self, text):
         print(f"[{time.time() - self.started:6.1f} s] {text}", flush=True)
@@ -623,6 +633,9 @@ SECTION_HEADINGS = (
                 "median and 99th percentile of one call, and the calls of 10 us or more"),
     ("hot_path", "== hot path: the Router alone (tests/perf/hot_path.cpp): cudaMallocAsync/cudaFreeAsync cache hits "
                  "over the CPU driver double, no driver call, each thread its own stream, 16 live, 256 B-4 MiB"),
+    ("footprint", "== footprint (issue 13): device memory as nvidia-smi sees it (NVML, the process's peak, sampled "
+                  "every ms), the pool's reserved peak and the program's live peak; medians of interleaved rounds"),
+    ("capacity", "== capacity (issue 13): the largest GPT-2 batch that trains within a fixed device-memory budget"),
     ("backtrace", "== call-site capture (tests/perf/backtrace_bench.cpp): ns per capture of 8 frames on this host's "
                   "CPU; old = glibc backtrace(n+16) as before, capture_frames = the unwind a new site costs, "
                   "capture_site_hit = a repeated site"),
@@ -671,14 +684,16 @@ def main():
     parser.add_argument("--out", help="where bench.txt, bench.json and the logs go (default BUILD/bench)")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and iterations: a smoke run")
     parser.add_argument("--only", help="comma-separated workloads: " + ", ".join(WORKLOADS)
-                        + " (the call profile runs with churn or torch; 'profile' runs it alone)")
+                        + " (the call profile runs with churn or torch; 'profile' runs it alone), and the "
+                        "memory sections footprint and capacity (run only when named)")
     parser.add_argument("--no-build", action="store_true", help="use the library already in BUILD")
     parser.add_argument("--digest", action="store_true", help="print the library sources' digest and exit")
     if "--digest" in sys.argv[1:]:
         print(source_digest())
         return 0
     args = parser.parse_args()
-    only = WORKLOADS if not args.only else tuple(n.strip() for n in args.only.split(",") if n.strip())
+    only = (WORKLOADS + ("footprint", "capacity") if not args.only
+            else tuple(n.strip() for n in args.only.split(",") if n.strip()))
     unknown = [n for n in only if n not in WORKLOADS + SECTIONS]
     if unknown:
         parser.error(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS + SECTIONS)}")
@@ -701,6 +716,11 @@ def main():
     workloads = make_workloads(settings, bins, only)
     for w in workloads:
         bench.run_workload(w)
+    if "footprint" in only:
+        facts["footprint"], facts["footprint_raw"] = memory_sections.footprint(
+            bench, bins, settings, shim_env, bench.pool_figures, Broken)
+    if "capacity" in only:
+        facts["capacity"], facts["capacity_raw"] = memory_sections.capacity(bench, settings, shim_env)
     if {"churn", "torch", "profile"} & set(only):
         facts["profile"] = call_profile(bench, bins, settings, ("churn", "torch") if "profile" in only else only)
     facts["hot_path"] = hot_path(bench, settings)

@@ -1,6 +1,7 @@
 // Kernels and allocations together (GPU only). Each case prints what a correct program
 // prints; a shim that reused memory too early would corrupt the data and change the output.
-//   kernels_diff
+//   kernels_diff [selfcheck | fault | legacy_first_stream_nonblocking |
+//   legacy_first_stream_blocking]
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -181,6 +182,30 @@ void sticky_error_after_fault() {
               cudaGetErrorName(cudaGetLastError()));
 }
 
+// Only the legacy stream in use (DESIGN §7, the legacy rule's first case): a block freed behind
+// a late writer on stream 0 serves the next cudaMalloc at once, with no event. The first stream
+// the program then makes must still be ordered behind that writer (a non-blocking one is not by
+// itself), or its kernel would run while the late writes land. Run alone (no stream made before).
+void legacy_only_then_first_stream(unsigned int flags, const char* label) {
+  const size_t n = size_t{16} << 20;
+  std::uint32_t* a = nullptr;
+  CHECK_CUDA(cudaMalloc(&a, n * 4));
+  late_fill<<<264, 256>>>(a, n, 0xEEEEEEEEu, 20000000ULL);  // stream 0, writes after ~20 ms
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaFree(a));
+  std::uint32_t* b = nullptr;
+  CHECK_CUDA(cudaMalloc(&b, n * 4));
+  cudaStream_t t;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&t, flags));
+  fill<<<264, 256, 0, t>>>(b, n, 0x55555555u);
+  CHECK_CUDA(cudaStreamSynchronize(t));
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const unsigned long long corrupted = mismatches(b, n, 0x55555555u, t);
+  std::printf("legacy_first_stream_%s: corrupted=%llu\n", label, corrupted);
+  CHECK_CUDA(cudaFree(b));
+  CHECK_CUDA(cudaStreamDestroy(t));
+}
+
 // Proof that the corruption check above can fail: a buffer freed with cudaFreeAsync on a
 // stream that is NOT ordered after the late kernel is reused at once on that stream, and the
 // kernel's late writes land in the new buffer. This is an application bug, natively too.
@@ -209,6 +234,13 @@ void detector_self_check() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const std::string_view only = argc > 1 ? argv[1] : "";
+  if (only == "legacy_first_stream_nonblocking" || only == "legacy_first_stream_blocking") {
+    const bool nonblocking = only == "legacy_first_stream_nonblocking";
+    legacy_only_then_first_stream(nonblocking ? cudaStreamNonBlocking : cudaStreamDefault,
+                                  nonblocking ? "nonblocking" : "blocking");
+    return 0;
+  }
   free_while_kernel_runs(cudaStreamNonBlocking, Reuse::nonblocking, "nonblocking");
   free_while_kernel_runs(cudaStreamDefault, Reuse::nonblocking, "blocking");
   free_while_kernel_runs(cudaStreamDefault, Reuse::blocking, "blocking_then_blocking");

@@ -261,6 +261,23 @@ class Suite:
                                 f"{d.get('legacy_reuses')}\n" + shim.out)
                     self.case(f"{variant}, free mode {mode} [{runtime}]", kernels)
 
+            # The legacy rule's first case (only stream 0 in use: reuse with no event) and its end at
+            # the first stream the program makes, which must be ordered behind the late writer.
+            for variant in ("kernels_diff", "kernels_diff_ptds"):
+                for first in ("nonblocking", "blocking"):
+                    def legacy_first(runtime=runtime, variant=variant, first=first):
+                        native, shim, logs = self.differential(
+                            f"{variant}-legacy-first-{first}-{runtime}",
+                            [self.binary(variant, runtime), f"legacy_first_stream_{first}"],
+                            {"POOLSHIM_FREE": "ordered", "POOLSHIM_LEGACY_REUSE": "1"})
+                        line = next(l for l in shim.out.splitlines() if "corrupted=" in l)
+                        expect_equal(parse_fields(line)["corrupted"], "0", line)
+                        d = exit_device(logs[0])[1]
+                        expect(d["ordered_frees"] >= 1, f"no ordered free: {d}")
+                        return (f"{line}; cache hits {d.get('cache_hits')}, legacy barriers "
+                                f"{d.get('legacy_reuses')}, fences {d.get('fences')}")
+                    self.case(f"{variant}: only stream 0, then a first {first} stream [{runtime}]", legacy_first)
+
         self.run_host_edge_cases()
 
         def selfcheck():

@@ -54,6 +54,7 @@ def main():
         print(f"loss {step} {value.hex()}")
     print(f"median_step_ms {1000 * statistics.median(times):.3f}", file=sys.stderr)
     print(f"mean_step_ms {1000 * statistics.mean(times):.3f}", file=sys.stderr)
+    print(f"max_allocated_mb {torch.cuda.max_memory_allocated() / 2**20:.1f}", file=sys.stderr)
     print(f"max_reserved_mb {torch.cuda.max_memory_reserved() / 2**20:.1f}", file=sys.stderr)
 
 
