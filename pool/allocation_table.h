@@ -21,6 +21,7 @@ struct Allocation {
   std::int32_t device = -1;
   std::uint32_t flags = 0;
   std::uint32_t site = 0;  // call site id (POOLSHIM_BACKTRACE), 0 when not recorded
+  std::int32_t arena = 0;  // the heap's arena that holds the block (DeviceHeap)
   void* block = nullptr;   // the heap's handle of the block (SegmentAllocator::Block::node)
 
   static constexpr std::uint32_t kAsync = 1;

@@ -92,7 +92,7 @@ std::unique_ptr<DevicePool> DevicePool::create(const DriverApi& driver, int ordi
     }
   }
   p->source_ = std::make_unique<DevicePoolSegments>(driver, *p);
-  p->heap_ = std::make_unique<SegmentAllocator>(*p->source_);
+  p->heap_ = std::make_unique<DeviceHeap>(*p->source_);
   return p;
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "cuda_api.h"
+#include "device_heap.h"
 #include "fence_clock.h"
 #include "segment_allocator.h"
 #include "units.h"
@@ -76,8 +77,8 @@ class DevicePool {
 
   /// The user-space allocator over the pool (segments split and merged), and the fences that
   /// make its free blocks reusable by any stream.
-  SegmentAllocator& heap() { return *heap_; }
-  const SegmentAllocator& heap() const { return *heap_; }
+  DeviceHeap& heap() { return *heap_; }
+  const DeviceHeap& heap() const { return *heap_; }
   /// Bytes of free segments the heap keeps beyond what is in use (the `cache` option).
   std::uint64_t heap_keep() const { return heap_keep_; }
   /// Whether `ptr` is the base of one of the heap's segments (see pool_segments.h).
@@ -128,7 +129,7 @@ class DevicePool {
   CUevent fence_event_ = nullptr;
   CUmemoryPool pool_ = nullptr;
   std::unique_ptr<DevicePoolSegments> source_;
-  std::unique_ptr<SegmentAllocator> heap_;
+  std::unique_ptr<DeviceHeap> heap_;
   std::uint64_t heap_keep_ = 0;
   std::atomic<CUdeviceptr> proxy_{0};
   FenceClock fences_;

@@ -102,7 +102,7 @@ bool Router::adopt_context(const DevicePool& pool) {
 
 CUresult Router::take_block(DevicePool& pool, std::size_t bytes, std::uintptr_t token,
                             HeapBlock* out) {
-  SegmentAllocator& heap = pool.heap();
+  DeviceHeap& heap = pool.heap();
   FenceClock& fences = pool.fences();
   DeviceStats& s = stats(pool.ordinal());
   const auto from_free = [&] {
@@ -119,7 +119,7 @@ CUresult Router::take_block(DevicePool& pool, std::size_t bytes, std::uintptr_t 
   if (!hit && free >= SegmentAllocator::segment_for(bytes)) {
     if (heap.coalesce(fences.completed()) > 0) hit = from_free();
     if (!hit && heap.waiting(fences.completed()) && free >= kBoundedSlackMin &&
-        free >= (free + heap.stats().allocated) / 8 &&
+        free >= (free + heap.allocated()) / 8 &&
         (captures_active_ == nullptr || !captures_active_()) &&
         synchronize_as_fence(pool) == CUDA_SUCCESS) {
       s.bump(&CounterShard::bounded_syncs);
@@ -252,8 +252,8 @@ bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Allo
     return false;
   }
   if (legacy && b.ready_at > pool->fences().completed()) order_legacy_handout(*pool, true);
-  table_.insert(b.ptr,
-                Allocation{bytes, b.size, coarse_now_ns(), 0, device, 0, capture_site(), b.node});
+  table_.insert(b.ptr, Allocation{bytes, b.size, coarse_now_ns(), 0, device, 0, capture_site(),
+                                  b.arena, b.node});
   stats(device).on_alloc(bytes);
   *out = b.ptr;
   return true;
@@ -282,7 +282,7 @@ bool Router::allocate_async(int device, std::size_t bytes, CUstream stream, CUde
   }
   table_.insert(b.ptr,
                 Allocation{bytes, b.size, coarse_now_ns(), reinterpret_cast<std::uintptr_t>(stream),
-                           device, Allocation::kAsync, capture_site(), b.node});
+                           device, Allocation::kAsync, capture_site(), b.arena, b.node});
   DeviceStats& s = stats(device);
   s.on_alloc(bytes);
   s.bump(&CounterShard::async_allocs);
@@ -425,8 +425,7 @@ void Router::give_block(DevicePool& pool, const Allocation& a, std::uintptr_t to
   // Counted before the block is usable again, so that the live figures never run above it.
   stats(a.device).on_free(a.requested);
   if (token == kLegacyToken) pool.legacy_frees.fetch_add(1, std::memory_order_acq_rel);
-  pool.heap().free(HeapBlock{0, a.capacity, a.block, 0}, token, ready_at,
-                   pool.fences().completed());
+  pool.heap().free(a.arena, a.block, a.capacity, token, ready_at, pool.fences().completed());
 }
 
 bool Router::legacy_reuse_allowed(DevicePool& pool) {
@@ -557,8 +556,8 @@ std::uint64_t Router::tend_heap(int device) {
   advance_fences(*pool, false);
   // Whole free segments beyond what is kept go back to the pool (which keeps them until it is
   // trimmed: idle trim, out-of-memory).
-  SegmentAllocator& heap = pool->heap();
-  const std::uint64_t keep = heap.stats().allocated + pool->heap_keep();
+  DeviceHeap& heap = pool->heap();
+  const std::uint64_t keep = heap.allocated() + pool->heap_keep();
   const std::uint64_t returned = heap.trim(keep, pool->fences().completed());
   if (returned > 0) stats(device).bump(&CounterShard::cache_returns);
   return returned;
@@ -827,7 +826,7 @@ std::uint64_t Router::trim_idle(int device, std::uint64_t keep_reserved) {
   // An idle pool keeps no free segment beyond what is kept: they go back, then the pool's trim.
   // Blocks no event fence can reach (say, two devices in use) get the one synchronization here,
   // while nothing runs.
-  SegmentAllocator& heap = pool->heap();
+  DeviceHeap& heap = pool->heap();
   if (heap.waiting(pool->fences().completed()) &&
       (captures_active_ == nullptr || !captures_active_())) {
     synchronize_as_fence(*pool);

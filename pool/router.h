@@ -32,7 +32,7 @@ constexpr int kMaxDevices = 64;
 /// The stream token of the legacy default stream (the value of CU_STREAM_LEGACY; a token is
 /// compared, never given to the driver).
 constexpr std::uintptr_t kLegacyToken = 0x1;
-using HeapBlock = SegmentAllocator::Block;
+using HeapBlock = DeviceHeap::Block;
 
 /// How the real function fared, as far as the counters care.
 enum class RealResult { success, out_of_memory, error };

@@ -239,6 +239,7 @@ void SegmentAllocator::publish() {
   stats_.free_peak = std::max(stats_.free_peak, free);
   free_bytes_.store(free, std::memory_order_relaxed);
   free_peak_.store(stats_.free_peak, std::memory_order_relaxed);
+  allocated_.store(stats_.allocated, std::memory_order_relaxed);
 }
 
 SegmentAllocator::Node* SegmentAllocator::add_segment(Arena& arena, CUdeviceptr base,

@@ -135,6 +135,7 @@ class SegmentAllocator {
   /// Bytes held in free blocks (reserved but not handed out), without the lock.
   std::uint64_t free_bytes() const { return free_bytes_.load(std::memory_order_relaxed); }
   std::uint64_t free_peak() const { return free_peak_.load(std::memory_order_relaxed); }
+  std::uint64_t allocated_bytes() const { return allocated_.load(std::memory_order_relaxed); }
   /// Whether a free block may still wait for a fence later than `completed` (one is worth
   /// starting), without the lock.
   bool waiting(std::uint64_t completed) const {
@@ -168,6 +169,7 @@ class SegmentAllocator {
   Stats stats_;
   std::atomic<std::uint64_t> free_bytes_{0};
   std::atomic<std::uint64_t> free_peak_{0};
+  std::atomic<std::uint64_t> allocated_{0};
   std::atomic<std::uint64_t> newest_ready_at_{0};
 };
 

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "counting_source.h"
 #include "device_pool.h"
 #include "driver_double.h"
 #include "pool_segments.h"
@@ -16,32 +17,11 @@ using namespace poolshim;
 using poolshim::testing::DriverDouble;
 using poolshim::testing::MiB;
 using Block = SegmentAllocator::Block;
+using poolshim::testing::CountingSource;
 
 namespace {
 
 constexpr std::uint64_t KiB = 1024;
-
-// Segments at addresses from a counter (each 2 MiB-aligned, a gap after each), with a budget.
-struct CountingSource : SegmentSource {
-  CUdeviceptr next = 0x10000000;
-  std::uint64_t budget = ~0ULL;  // bytes it may still reserve
-  std::vector<std::pair<CUdeviceptr, std::uint64_t>> reserved;
-  std::vector<std::pair<CUdeviceptr, std::uint64_t>> released;
-  bool reserve(std::uint64_t bytes, CUdeviceptr* out, CUresult* why) override {
-    if (bytes > budget) {
-      *why = CUDA_ERROR_OUT_OF_MEMORY;
-      return false;
-    }
-    budget -= bytes;
-    *out = next;
-    reserved.emplace_back(next, bytes);
-    next += (bytes + 4 * MiB) / (2 * MiB) * (2 * MiB);
-    return true;
-  }
-  void release(CUdeviceptr base, std::uint64_t bytes) override {
-    released.emplace_back(base, bytes);
-  }
-};
 
 Block take(SegmentAllocator& a, std::uint64_t bytes, std::uintptr_t affinity = 0,
            std::uint64_t completed = 0) {

@@ -1,0 +1,127 @@
+#include "device_heap.h"
+
+#include <algorithm>
+#include <atomic>
+
+namespace poolshim {
+
+DeviceHeap::DeviceHeap(SegmentSource& source) {
+  for (auto& a : arenas_) a = std::make_unique<SegmentAllocator>(source);
+}
+
+int DeviceHeap::arena_for(std::uintptr_t token) {
+  if (token <= 1) return 0;  // cudaMalloc without a token, and the legacy stream
+  // Threads take the other arenas in turn at their first named-stream request.
+  static std::atomic<unsigned> next{0};
+  static thread_local const int mine =
+      1 + static_cast<int>(next.fetch_add(1, std::memory_order_relaxed) % (kArenas - 1));
+  return mine;
+}
+
+bool DeviceHeap::allocate_from_free(std::uint64_t bytes, std::uintptr_t token,
+                                    std::uint64_t completed, Block* out) {
+  const int own = arena_for(token);
+  SegmentAllocator::Block b;
+  if (arenas_[own]->allocate_from_free(bytes, token, completed, &b)) {
+    *out = from(b, own);
+    return true;
+  }
+  for (int i = 0; i < kArenas; ++i) {
+    // An arena that holds less free memory than the request cannot serve it: skip its lock.
+    if (i == own || arenas_[i]->free_bytes() < bytes) continue;
+    if (arenas_[i]->allocate_from_free(bytes, token, completed, &b)) {
+      *out = from(b, i);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool DeviceHeap::allocate(std::uint64_t bytes, std::uintptr_t token, std::uint64_t completed,
+                          Block* out, CUresult* why) {
+  const int own = arena_for(token);
+  SegmentAllocator::Block b;
+  if (!arenas_[own]->allocate(bytes, token, completed, &b, why)) return false;
+  *out = from(b, own);
+  return true;
+}
+
+void DeviceHeap::free(int arena, void* node, std::uint64_t size, std::uintptr_t token,
+                      std::uint64_t ready_at, std::uint64_t completed) {
+  arenas_[arena]->free(SegmentAllocator::Block{0, size, node, 0}, token, ready_at, completed);
+}
+
+std::uint64_t DeviceHeap::trim(std::uint64_t keep, std::uint64_t completed) {
+  std::uint64_t released = 0;
+  for (auto& a : arenas_) {
+    const std::uint64_t total = reserved();
+    if (total <= keep) break;
+    const std::uint64_t others = total - a->stats().reserved;
+    // This arena may keep what the others do not already use of `keep`.
+    released += a->trim(keep > others ? keep - others : 0, completed);
+  }
+  return released;
+}
+
+std::uint64_t DeviceHeap::coalesce(std::uint64_t completed) {
+  std::uint64_t merges = 0;
+  for (auto& a : arenas_) {
+    if (a->free_bytes() > 0) merges += a->coalesce(completed);
+  }
+  return merges;
+}
+
+void DeviceHeap::forget_affinity(std::uintptr_t token) {
+  for (auto& a : arenas_) a->forget_affinity(token);
+}
+
+void DeviceHeap::clear() {
+  for (auto& a : arenas_) a->clear();
+}
+
+std::uint64_t DeviceHeap::free_bytes() const {
+  std::uint64_t n = 0;
+  for (const auto& a : arenas_) n += a->free_bytes();
+  return n;
+}
+
+std::uint64_t DeviceHeap::free_peak() const {
+  std::uint64_t n = 0;
+  for (const auto& a : arenas_) n += a->free_peak();
+  return n;
+}
+
+bool DeviceHeap::waiting(std::uint64_t completed) const {
+  for (const auto& a : arenas_) {
+    if (a->waiting(completed)) return true;
+  }
+  return false;
+}
+
+std::uint64_t DeviceHeap::allocated() const {
+  std::uint64_t n = 0;
+  for (const auto& a : arenas_) n += a->allocated_bytes();
+  return n;
+}
+
+SegmentAllocator::Stats DeviceHeap::stats() const {
+  SegmentAllocator::Stats sum;
+  for (const auto& a : arenas_) {
+    const SegmentAllocator::Stats s = a->stats();
+    sum.reserved += s.reserved;
+    sum.allocated += s.allocated;
+    sum.segments += s.segments;
+    sum.free_blocks += s.free_blocks;
+    sum.largest_free = std::max(sum.largest_free, s.largest_free);
+    sum.free_peak += s.free_peak;
+    sum.reserved_peak += s.reserved_peak;
+    sum.allocated_peak += s.allocated_peak;
+    sum.splits += s.splits;
+    sum.merges += s.merges;
+    sum.segments_reserved += s.segments_reserved;
+    sum.segments_released += s.segments_released;
+  }
+  return sum;
+}
+
+}  // namespace poolshim

@@ -1,0 +1,76 @@
+// DeviceHeap: a device's heap as the Router uses it (DESIGN §7): several SegmentAllocators
+// ("arenas") over the one pool, so that threads allocating on their own streams do not meet on
+// one lock. cudaMalloc's requests and the legacy stream's share arena 0 (one program's main
+// allocations stay together, whatever thread makes them: PyTorch's autograd thread, say); a
+// request on a named stream goes to its thread's arena (threads take arenas 1-15 in turn). It
+// takes a usable free block there, else one of another arena (memory freed on one stream serves
+// another once usable, without growing), and only then grows its own arena by a segment. A
+// block goes back to the arena it came from, whatever thread or stream frees it.
+#pragma once
+
+#include <cuda.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+
+#include "segment_allocator.h"
+
+namespace poolshim {
+
+class DeviceHeap {
+ public:
+  static constexpr int kArenas = 16;
+
+  /// A block handed out, with the arena that holds it.
+  struct Block {
+    CUdeviceptr ptr = 0;
+    std::uint64_t size = 0;
+    void* node = nullptr;
+    std::uint64_t ready_at = 0;  // see SegmentAllocator::Block
+    int arena = 0;
+  };
+
+  explicit DeviceHeap(SegmentSource& source);
+
+  /// The arena of a request for stream token `token` on this thread (0 and the legacy
+  /// stream's: arena 0; a named stream's: the thread's own).
+  static int arena_for(std::uintptr_t token);
+
+  /// A usable free block for `token` (`completed` fences done): its own arena's first, then
+  /// the other arenas'. False when none.
+  bool allocate_from_free(std::uint64_t bytes, std::uintptr_t token, std::uint64_t completed,
+                          Block* out);
+  /// Grows `token`'s arena by a segment for the request (SegmentAllocator::allocate).
+  bool allocate(std::uint64_t bytes, std::uintptr_t token, std::uint64_t completed, Block* out,
+                CUresult* why);
+  /// Takes back a block into the arena that handed it out (SegmentAllocator::free).
+  void free(int arena, void* node, std::uint64_t size, std::uintptr_t token, std::uint64_t ready_at,
+            std::uint64_t completed);
+  /// Gives back whole free segments whose fence has completed, arena after arena, until at most
+  /// `keep` bytes are reserved in all. Returns the bytes given back.
+  std::uint64_t trim(std::uint64_t keep, std::uint64_t completed);
+  /// SegmentAllocator::coalesce over every arena that holds free memory.
+  std::uint64_t coalesce(std::uint64_t completed);
+  void forget_affinity(std::uintptr_t token);
+  void clear();
+
+  /// Sums over the arenas (lock-free figures, see SegmentAllocator).
+  std::uint64_t free_bytes() const;
+  /// The sum of the arenas' peaks of free bytes (each arena's own peak: at least the true peak
+  /// of the sum, equal to it while one arena is in use).
+  std::uint64_t free_peak() const;
+  bool waiting(std::uint64_t completed) const;
+  std::uint64_t allocated() const;
+  std::uint64_t reserved() const { return free_bytes() + allocated(); }
+  /// The arenas' statistics added up (peaks: each arena's, added).
+  SegmentAllocator::Stats stats() const;
+
+ private:
+  static Block from(const SegmentAllocator::Block& b, int arena) {
+    return Block{b.ptr, b.size, b.node, b.ready_at, arena};
+  }
+  std::array<std::unique_ptr<SegmentAllocator>, kArenas> arenas_;
+};
+
+}  // namespace poolshim
