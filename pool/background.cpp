@@ -137,7 +137,7 @@ void BackgroundWorker::begin() {
     std::lock_guard<std::mutex> gate(tick_mutex_);
     if (log_.is_open()) router_.set_oom_record_wait(std::chrono::milliseconds(200));
     devices_ = router_.describe_devices();
-    write(start_record(t(now_ns()), info_, router_.config(), devices_));
+    write(start_record(t(now_ns()), info_, router_.config(), devices_, router_.free_mode_why()));
     for (const auto& w : startup_warnings_) write(warning_record(t(now_ns()), info_.pid, w));
     next_sample_ns_ = now_ns() + router_.config().sample_ms * 1000000ULL;
   }

@@ -20,7 +20,7 @@ const std::vector<OptionInfo>& option_table() {
 }
 
 std::vector<std::string> choice_values(std::string_view option_name) {
-  if (option_name == "free") return {"sync", "ordered"};
+  if (option_name == "free") return {"auto", "sync", "ordered"};
   return {};
 }
 

@@ -39,10 +39,11 @@ namespace poolshim {
     "cudaMemPoolReuseAllowInternalDependencies: let the driver make a stream wait for another "    \
     "stream's free in order to reuse its block. Off: a cudaMalloc could then wait for the "        \
     "application's streams, which the native one never does.")                                     \
-  X(free, Choice, "sync",                                                                          \
+  X(free, Choice, "auto",                                                                          \
     "cudaFree mode. sync: synchronize the device, then return the block to the heap (native "      \
     "ordering). ordered: no host stall; the block serves other streams once the work of every "    \
-    "stream of the device before the free has completed (sync where that cannot be proven).")      \
+    "stream of the device before the free has completed (sync where that cannot be proven). "      \
+    "auto: ordered in a PyTorch process (libc10_cuda.so loaded), sync otherwise.")                 \
   X(cache, Size, "64M",                                                                            \
     "Whole free segments the heap keeps per device beyond the memory in use; more go back to the " \
     "pool every tick of the background thread (bytes with K/M/G/T, or % of device memory).")       \

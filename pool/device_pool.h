@@ -97,6 +97,10 @@ class DevicePool {
   /// Frees that gave their block the legacy stream's token, and how many of them the last
   /// barrier (an event recorded on the legacy stream) was recorded after.
   std::atomic<std::uint64_t> legacy_frees{0};
+  /// A synchronization or a stream query of the device failed (a kernel fault, say): until a
+  /// query of the idle private stream succeeds again, calls the heap would serve without a
+  /// driver call go to the real function, so that they return the sticky error natively.
+  std::atomic<bool> faulted{false};
   std::atomic<std::uint64_t> barrier_covers{0};
   /// cudaFree'd blocks may take the legacy stream's shortcut only once this fence has
   /// completed: a non-blocking stream destroyed before it may still run work on them (the

@@ -83,7 +83,8 @@ double rounding_waste(const PoolUsage& u, std::uint64_t cached, std::uint64_t re
 }
 
 std::string start_record(double t, const ProcessInfo& info, const Config& config,
-                         const std::vector<DeviceDescription>& devices) {
+                         const std::vector<DeviceDescription>& devices,
+                         const std::string& free_mode) {
   JsonObject o = header("start", t, info.pid);
   o.add("version", poolshim_version_string());
   o.add("host", info.host).add("rank", info.rank);
@@ -105,6 +106,7 @@ std::string start_record(double t, const ProcessInfo& info, const Config& config
   }
   o.add_raw("config", conf.str());
   o.add_raw("config_sources", sources.str());
+  o.add("free_mode", free_mode);
   std::vector<std::string> devs;
   for (const auto& d : devices) {
     JsonObject dj;

@@ -63,7 +63,8 @@ struct OomDetails {
 };
 
 std::string start_record(double t, const ProcessInfo& info, const Config& config,
-                         const std::vector<DeviceDescription>& devices);
+                         const std::vector<DeviceDescription>& devices,
+                         const std::string& free_mode = "");
 std::string sample_record(double t, int pid, const DeviceSnapshot& snap);
 std::string warning_record(double t, int pid, std::string_view text);
 std::string oom_record(double t, int pid, const OomReport& report, const OomDetails& details,

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "clock.h"
+#include "free_mode.h"
 
 namespace poolshim {
 
@@ -33,7 +34,9 @@ Router::Router(const DriverApi& driver, const Config& config, EventQueue& events
   settings_.reuse_opportunistic = config.reuse_opportunistic;
   settings_.reuse_internal_deps = config.reuse_internal_deps;
   settings_.cache = config.cache;
-  ordered_mode_ = config.free == "ordered";
+  const FreeMode mode = resolve_free_mode(config.free, loaded_libraries());
+  ordered_mode_ = mode.ordered;
+  free_mode_why_ = mode.why;
   if (driver_.cuDeviceGetCount(&device_count_) != CUDA_SUCCESS) device_count_ = 0;
 }
 
@@ -234,9 +237,18 @@ void Router::decline_allocation(DevicePool& pool, std::size_t bytes, CUstream st
   if (wait_ms > 0) events_.wait_written(ticket, std::chrono::milliseconds(wait_ms));
 }
 
+bool Router::healthy(DevicePool& pool) {
+  if (!pool.faulted.load(std::memory_order_relaxed)) return true;
+  // An idle stream's query reports a sticky error without waiting for anything.
+  const CUresult state = driver_.cuStreamQuery(pool.stream());
+  if (state != CUDA_SUCCESS && state != CUDA_ERROR_NOT_READY) return false;
+  pool.faulted.store(false, std::memory_order_relaxed);
+  return true;
+}
+
 bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, AllocFallback real) {
   DevicePool* pool = pool_for(device);
-  if (pool == nullptr || !adopt_context(*pool)) {
+  if (pool == nullptr || !adopt_context(*pool) || !healthy(*pool)) {
     note_passthrough_alloc(device);
     real(bytes);
     return false;
@@ -263,7 +275,7 @@ bool Router::allocate_async(int device, std::size_t bytes, CUstream stream, CUde
                             AllocFallback real) {
   DevicePool* pool = app_pool(device) ? nullptr : pool_for(device);
   // A named stream carries its own context; the default streams need the right one current.
-  if (pool == nullptr || (is_default_stream(stream) && !adopt_context(*pool))) {
+  if (pool == nullptr || (is_default_stream(stream) && !adopt_context(*pool)) || !healthy(*pool)) {
     note_passthrough_alloc(device);
     real(bytes);
     return false;
@@ -342,7 +354,9 @@ void Router::free_sync(void* ptr, int caller_device, Fallback real) {
     // faulted context must still answer with its sticky error, as the native cudaFree does
     // (seen on an H200): an idle stream's query reports it without waiting for anything.
     const CUresult state = driver_.cuStreamQuery(pool->stream());
-    if (state == CUDA_SUCCESS || state == CUDA_ERROR_NOT_READY) {
+    if (state != CUDA_SUCCESS && state != CUDA_ERROR_NOT_READY) {
+      pool->faulted.store(true, std::memory_order_relaxed);
+    } else {
       give_block(*pool, *a, legacy_token_for_free(*pool) ? kLegacyToken : 0, pool->fences().next());
       stats(a->device).bump(&CounterShard::ordered_frees);
       return;
@@ -501,7 +515,11 @@ CUresult Router::synchronize_as_fence(DevicePool& pool) {
   FenceClock& fences = pool.fences();
   const std::uint64_t k = fences.start();
   const CUresult r = synchronize_for_free(pool);
-  if (r == CUDA_SUCCESS) fences.complete(k);
+  if (r == CUDA_SUCCESS) {
+    fences.complete(k);
+  } else {
+    pool.faulted.store(true, std::memory_order_relaxed);
+  }
   return r;
 }
 
@@ -595,8 +613,8 @@ void Router::free_async(void* ptr, CUstream stream, Fallback real) {
     return;
   }
   DevicePool* pool = existing_pool(a->device);
-  if (pool == nullptr) {
-    free_on_proxy(key, *a, real);
+  if (pool == nullptr || !healthy(*pool)) {
+    free_on_proxy(key, *a, real);  // the real function answers (the sticky error, natively)
     return;
   }
   if (stream == CU_STREAM_PER_THREAD) after_stream_created();

@@ -176,6 +176,9 @@ class Router {
   std::vector<LiveAllocation> live_allocations() const;
   std::vector<DeviceDescription> describe_devices() const;
   const DriverApi& driver() const { return driver_; }
+  /// The free mode in use and what chose it (`free=auto`: see pool/free_mode.h).
+  bool ordered_mode() const { return ordered_mode_; }
+  const std::string& free_mode_why() const { return free_mode_why_; }
   const Config& config() const { return config_; }
   /// Totals over devices of a counter, e.g. total(&StatsSnapshot::allocs).
   std::uint64_t pooled_allocations() const;
@@ -201,6 +204,10 @@ class Router {
   /// Makes the pool's free stream wait for the legacy default stream and every registered
   /// non-blocking stream of the device. No host stall.
   CUresult order_free_stream(DevicePool& pool);
+
+  /// Whether the device may be served without a driver call: true unless a synchronization or
+  /// query failed before and a query of the idle private stream still fails (DevicePool::faulted).
+  bool healthy(DevicePool& pool);
 
   // ---- the heap (SegmentAllocator) and its reuse rules (DESIGN §7) ----
   /// The stream token a block freed on `stream` carries, and the one an allocation on it asks
@@ -264,6 +271,7 @@ class Router {
   /// The caller's call site (POOLSHIM_BACKTRACE frames), 0 when not recorded.
   std::uint32_t capture_site();
   bool ordered_mode_ = false;
+  std::string free_mode_why_;
   bool (*captures_active_)() = nullptr;
   int device_count_ = 0;
   std::atomic<long long> oom_record_wait_ms_{0};

@@ -28,15 +28,20 @@ MiB = 1 << 20
 UNCACHED = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
 CACHING, EXPANDABLE, ASYNC, UNC = ("PyTorch caching", "PyTorch expandable_segments", "PyTorch cudaMallocAsync",
                                    "uncached")
-SHIM_SYNC, SHIM_ORDERED = "uncached + poolshim sync (default)", "uncached + poolshim ordered"
-NATIVE, C_SYNC, C_ORDERED = "native (cudaMalloc/cudaFree)", "poolshim sync (default)", "poolshim ordered"
+SHIM_SYNC, SHIM_DEFAULT = "uncached + poolshim sync", "uncached + poolshim defaults (auto: ordered)"
+NATIVE, C_DEFAULT, C_ORDERED = ("native (cudaMalloc/cudaFree)", "poolshim defaults (auto: sync)",
+                                "poolshim ordered")
+
+
+def _defaults():
+    """A shim run with every option at its default (free=auto), logging only the exit record."""
+    return {"POOLSHIM_SAMPLE_MS": "0"}
 
 
 def _torch_contenders(shim_env):
     return [(CACHING, {}, False), (EXPANDABLE, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, False),
             (ASYNC, {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, False), (UNC, dict(UNCACHED), False),
-            (SHIM_SYNC, dict(UNCACHED, **shim_env("sync")), True),
-            (SHIM_ORDERED, dict(UNCACHED, **shim_env("ordered")), True)]
+            (SHIM_SYNC, dict(UNCACHED, **shim_env("sync")), True), (SHIM_DEFAULT, dict(UNCACHED, **_defaults()), True)]
 
 
 def _fields(text):
@@ -72,7 +77,7 @@ def footprint(bench, bins, settings, shim_env, pool_figures, broken):
     py = sys.executable
     gpt2 = [py, os.path.join(bench.root, "tests", "gpu", "gpt2_train.py"), "--steps", str(settings.gpt2_steps),
             "--warmup", str(settings.gpt2_warmup), "--batch", "8"]
-    small = [py, os.path.join(bench.root, "tests", "gpu", "torch_train.py"), str(settings.torch_steps),
+    small = [py, os.path.join(bench.root, "tests", "gpu", "torch_train.py"), str(settings.footprint_torch_steps),
              str(settings.torch_warmup)]
     churn = [os.path.join(bins, "churn_bench"), "malloc", str(settings.churn_iterations), "64", str(128 * MiB),
              "none", str(settings.churn_warmup)]
@@ -84,7 +89,7 @@ def footprint(bench, bins, settings, shim_env, pool_figures, broken):
         ("tests/gpu/torch_train.py (small transformer)", "torch_train", small, torch_base,
          _torch_contenders(shim_env), "step_ms"),
         ("churn, 64 live, 256 B-128 MiB", "churn", churn, churn_base,
-         [(NATIVE, {}, False), (C_SYNC, shim_env("sync"), True), (C_ORDERED, shim_env("ordered"), True)],
+         [(NATIVE, {}, False), (C_DEFAULT, _defaults(), True), (C_ORDERED, shim_env("ordered"), True)],
          "us_per_pair")]
     lines, raw = [], {}
     for title, key, argv, base_argv, contenders, speed in workloads:
@@ -159,7 +164,7 @@ def footprint(bench, bins, settings, shim_env, pool_figures, broken):
                          f"{row['nvml_spread']:>13} {above:>10.0f} {_fmt(row['above_over_live']):>7} "
                          f"{_fmt(row['over_uncached'], 3):>10} {_fmt(reserved, 0):>16} "
                          f"{_fmt(row['reserved_over_live']):>7}")
-        unc_losses = [m["losses"] for n in (UNC, SHIM_SYNC, SHIM_ORDERED) for m in runs.get(n, [])]
+        unc_losses = [m["losses"] for n in (UNC, SHIM_SYNC, SHIM_DEFAULT) for m in runs.get(n, [])]
         if unc_losses:
             same = all(x == unc_losses[0] for x in unc_losses)
             lines.append(f"   uncached losses (with and without the shim, {len(unc_losses)} runs): "
@@ -182,7 +187,7 @@ def footprint_targets(raw):
     g = raw.get("gpt2")
     if g and g["rows"]:
         rows = g["rows"]
-        shims = [n for n in (SHIM_SYNC, SHIM_ORDERED) if n in rows and rows[n]["speed"] is not None]
+        shims = [n for n in (SHIM_SYNC, SHIM_DEFAULT) if n in rows and rows[n]["speed"] is not None]
         if shims and CACHING in rows and EXPANDABLE in rows:
             fastest = min(shims, key=lambda n: rows[n]["speed"])
             r, caching, exp = rows[fastest], rows[CACHING], rows[EXPANDABLE]
@@ -192,7 +197,7 @@ def footprint_targets(raw):
                        f"{_fmt(r['over_uncached'], 3)}x uncached (target <= 1.05x), expandable_segments "
                        f"{exp['nvml_peak_mb']:.0f} MB; step {r['speed']:.2f} ms = "
                        f"{r['speed'] / caching['speed']:.3f}x caching (target <= 1.0x): {verdict(ok)}")
-    for key, name in (("gpt2", SHIM_SYNC), ("torch_train", SHIM_SYNC), ("churn", C_SYNC)):
+    for key, name in (("gpt2", SHIM_DEFAULT), ("torch_train", SHIM_DEFAULT), ("churn", C_DEFAULT)):
         w = raw.get(key)
         if w and name in w["rows"] and w["rows"][name]["over_uncached"] is not None:
             ratio = w["rows"][name]["over_uncached"]
@@ -200,7 +205,7 @@ def footprint_targets(raw):
                        f"(target <= 1.05x): {verdict(ratio <= 1.05)}")
     c = raw.get("churn")
     if c:
-        for name in (C_SYNC, C_ORDERED):
+        for name in (C_DEFAULT, C_ORDERED):
             row = c["rows"].get(name)
             if row and row["reserved_over_live"] is not None:
                 out.append(f"   churn 64 live, {name}: pool reserved peak {row['reserved_over_live']:.3f}x the live "
@@ -212,12 +217,12 @@ def capacity(bench, settings, shim_env, budget_mb=6144):
     """The capacity section: the largest GPT-2 batch that trains within `budget_mb`."""
     py = sys.executable
     script = os.path.join(bench.root, "tests", "gpu", "gpt2_train.py")
-    batches = list(range(12, 41, 2))
+    batches = list(range(1, 17))  # about 0.75 GB a sample at length 512 on top of 2 GB of state
     contenders = [(CACHING, {}, False, True), (EXPANDABLE, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
                                                 False, True),
                   (SHIM_SYNC, dict(UNCACHED, POOLSHIM_LIMIT=f"{budget_mb}M", **shim_env("sync")), True, False),
-                  (SHIM_ORDERED, dict(UNCACHED, POOLSHIM_LIMIT=f"{budget_mb}M", **shim_env("ordered")), True, False)]
-    lines = [f"budget {budget_mb} MB; batch sizes {batches[0]}-{batches[-1]} by 2, bisected; "
+                  (SHIM_DEFAULT, dict(UNCACHED, POOLSHIM_LIMIT=f"{budget_mb}M", **_defaults()), True, False)]
+    lines = [f"budget {budget_mb} MB; batch sizes {batches[0]}-{batches[-1]}, bisected; "
              f"{settings.capacity_steps} steps each (length 512 first)"]
     raw = {}
     for name, env, shim, fraction in contenders:
@@ -250,7 +255,7 @@ def capacity(bench, settings, shim_env, budget_mb=6144):
         lines.append(f"   {name:<40} largest batch {largest if largest is not None else 'none'} "
                      f"(probes: {', '.join(str(p['batch']) + ('+' if p['trained'] else '-') for p in probes)})")
     best = raw.get(SHIM_SYNC, {}).get("largest_batch") or 0
-    best = max(best, raw.get(SHIM_ORDERED, {}).get("largest_batch") or 0)
+    best = max(best, raw.get(SHIM_DEFAULT, {}).get("largest_batch") or 0)
     exp = raw.get(EXPANDABLE, {}).get("largest_batch") or 0
     caching = raw.get(CACHING, {}).get("largest_batch") or 0
     ok = best >= exp and best > caching

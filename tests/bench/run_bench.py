@@ -79,15 +79,18 @@ class Settings:
     gpt2_steps: int          # the footprint section's GPT-2 loop
     gpt2_warmup: int
     footprint_rounds: int
+    footprint_torch_steps: int
     capacity_steps: int
 
 
 FULL = Settings(rounds=5, thread_rounds=3, torch_rounds=3, churn_iterations=10000, churn_warmup=5000,
                 async_iterations=50000, async_warmup=5000, thread_pairs=20000, torch_steps=60, torch_warmup=10,
-                observe_iterations=300000, gpt2_steps=24, gpt2_warmup=4, footprint_rounds=2, capacity_steps=6)
+                observe_iterations=300000, gpt2_steps=24, gpt2_warmup=4, footprint_rounds=2,
+                footprint_torch_steps=30, capacity_steps=6)
 QUICK = Settings(rounds=2, thread_rounds=1, torch_rounds=1, churn_iterations=1000, churn_warmup=100,
                  async_iterations=5000, async_warmup=500, thread_pairs=2000, torch_steps=8, torch_warmup=2,
-                 observe_iterations=5000, gpt2_steps=6, gpt2_warmup=2, footprint_rounds=1, capacity_steps=3)
+                 observe_iterations=5000, gpt2_steps=6, gpt2_warmup=2, footprint_rounds=1,
+                 footprint_torch_steps=8, capacity_steps=3)
 
 
 class Broken(Exception):

@@ -308,6 +308,7 @@ struct Device {
 struct State {
   bool configured = false;
   bool initialized = false;
+  bool faulted = false;     // cudadouble_fault: a kernel faulted, the error is sticky
   uint64_t generation = 1;  // bumped by cudadouble_reset so thread-local state goes stale
   int device_count = 1;
   std::array<Device, kMaxDevices> devices;
@@ -404,6 +405,7 @@ std::unique_ptr<Pool> makeDefaultPool(int device) {
 void start(State& s, int devices, size_t capacity) {
   releaseEverything(s);
   s.initialized = false;
+  s.faulted = false;
   s.configured = true;
   ++s.generation;
   s.device_count = std::clamp(devices, 1, kMaxDevices);
@@ -463,6 +465,24 @@ CUresult guarded(entry::Id id, Body&& body) {
   std::lock_guard<std::mutex> lock(g_mutex);
   State& s = lockedState();
   if (!s.initialized) return CUDA_ERROR_NOT_INITIALIZED;
+  // After a fault, what waits for or touches the device reports it (as the real driver does);
+  // bookkeeping calls do not.
+  if (s.faulted) {
+    switch (id) {
+      case entry::cuCtxSynchronize:
+      case entry::cuStreamSynchronize:
+      case entry::cuStreamQuery:
+      case entry::cuMemAlloc_v2:
+      case entry::cuMemFree_v2:
+      case entry::cuMemAllocAsync:
+      case entry::cuMemFreeAsync:
+      case entry::cuMemAllocFromPoolAsync:
+      case entry::cuEventQuery:
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+      default:
+        break;
+    }
+  }
   return body(s);
 }
 
@@ -2339,6 +2359,11 @@ CUDADOUBLE_API int cudadouble_device_stats(int device, struct cudadouble_device_
     }
   }
   return 0;
+}
+
+CUDADOUBLE_API void cudadouble_fault() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  rawState().faulted = true;
 }
 
 CUDADOUBLE_API unsigned long long cudadouble_call_count(const char* name) {

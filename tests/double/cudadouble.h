@@ -69,6 +69,10 @@ CUDADOUBLE_EXPORT int cudadouble_device_stats(int device, struct cudadouble_devi
  * 0 for a name the double does not export. */
 CUDADOUBLE_EXPORT unsigned long long cudadouble_call_count(const char* name);
 
+/* A kernel faulted: from now until the next reset, synchronizations, stream and event queries
+ * and allocation calls return CUDA_ERROR_ILLEGAL_ADDRESS (a sticky error). */
+CUDADOUBLE_EXPORT void cudadouble_fault(void);
+
 #ifdef __cplusplus
 }
 #endif

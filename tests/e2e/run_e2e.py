@@ -412,7 +412,7 @@ def case_verbose_prints_configuration(tmp):
     shim = run([program("churn"), "10", "4", str(MiB)], True, tmp, {"POOLSHIM_VERBOSE": "1", "POOLSHIM_CONF": "sample_ms=50"})
     expect_equal(shim.rc, 0, "exit status")
     for line in ("poolshim: option verbose = 1 (environment)", "poolshim: option sample_ms = 50 (POOLSHIM_CONF)",
-                 "poolshim: option free = sync (default)",
+                 "poolshim: option free = auto (default)",
                  "poolshim: ways in: runtime_hooks 28 calls, driver_hooks 0 calls, dlsym "):
         expect(line in shim.err, f"missing {line!r} in\n{shim.err}")
     start = records_of(one_log(tmp), "start")[0]

@@ -43,6 +43,8 @@ class DriverDouble {
     return s;
   }
   unsigned long long calls(const char* name) const { return calls_(name); }
+  /// A kernel faults: the double's sticky error (cudadouble_fault).
+  void fault() const { function<void()>("cudadouble_fault")(); }
   /// A function of the double the core never calls (say cuStreamBeginCapture_v2), by name.
   template <typename F>
   F* function(const char* name) const {

@@ -28,7 +28,7 @@ TEST_CASE("config: defaults come from the table") {
   CHECK(p.config.sample_ms == 1000);
   CHECK(p.config.release_threshold.bytes == 0);
   CHECK(p.config.idle_trim_ms == 5000);
-  CHECK(p.config.free == "sync");
+  CHECK(p.config.free == "auto");
   CHECK(p.config.oom_retry);
   CHECK_FALSE(p.config.verbose);
   CHECK_FALSE(p.config.strict);
@@ -73,7 +73,7 @@ TEST_CASE("config: a bad value in POOLSHIM_CONF names the key") {
   const ParsedConfig p = parse_config({"POOLSHIM_CONF=free=lazy"});
   REQUIRE(p.warnings.size() == 1);
   CHECK(p.warnings[0] ==
-        "POOLSHIM_CONF free=\"lazy\" is not one of sync|ordered; using sync (the default)");
+        "POOLSHIM_CONF free=\"lazy\" is not one of auto|sync|ordered; using auto (the default)");
 }
 
 TEST_CASE("config: unknown names are reported with the nearest option") {
@@ -127,7 +127,8 @@ TEST_CASE("config: a value in a message is quoted, escaped and cut short") {
   const ParsedConfig u = parse_config({"POOLSHIM_FREE=caf\xc3\xa9\xff"});
   REQUIRE(u.warnings.size() == 1);
   CHECK(u.warnings[0] ==
-        "POOLSHIM_FREE=\"caf\xc3\xa9\\xff\" is not one of sync|ordered; using sync (the default)");
+        "POOLSHIM_FREE=\"caf\xc3\xa9\\xff\" is not one of auto|sync|ordered; using auto (the "
+        "default)");
   // An unknown name is shown the same way, without quotes.
   const ParsedConfig n = parse_config({"POOLSHIM_\x1b]0;x\x07=1"});
   REQUIRE(n.warnings.size() == 1);
@@ -334,7 +335,7 @@ TEST_CASE("config: 2000 generated hostile environments give bounded, printable m
     REQUIRE(p.config.texts.size() == table.size());
     CHECK(p.config.backtrace >= 0);
     CHECK(p.config.backtrace <= 32);
-    CHECK((p.config.free == "sync" || p.config.free == "ordered"));
+    CHECK((p.config.free == "auto" || p.config.free == "sync" || p.config.free == "ordered"));
     // Parsing is a function of the environment: the same answer again.
     const ParsedConfig again = parse_config(env);
     CHECK(again.warnings == p.warnings);

@@ -571,6 +571,29 @@ TEST_CASE(
   CHECK(async_alloc(router, 0, 4096, s, real) != p);
 }
 
+TEST_CASE(
+    "heap: after a kernel fault, cudaMalloc and cudaFreeAsync reach the real function, which "
+    "returns the sticky error, as natively") {
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
+  d.make_current(0);
+  RealStub real;
+  freed_block(router, 1000, real);  // the heap now holds a free block
+  void* q = async_alloc(router, 0, 4096, nullptr, real);
+  void* r = sync_alloc(router, 0, 2000, real);
+  REQUIRE(q != nullptr);
+  REQUIRE(r != nullptr);
+  d.fault();
+  RealStub failing{RealResult::error};
+  router.free_sync(r, 0, failing);  // the synchronization fails: noted; the real free answers
+  CHECK(failing.calls == 1);
+  CHECK(sync_alloc(router, 0, 1000, failing) == nullptr);  // not served from the heap
+  CHECK(failing.calls == 2);
+  router.free_async(q, nullptr, failing);
+  CHECK(failing.calls == 3);
+  CHECK(router.live_allocations().size() == 2);  // q and r are still live: their frees failed
+}
+
 TEST_CASE("stats: a histogram bucket read between an allocation and its free never wraps") {
   DeviceStats stats;
   stats.shards[1].histogram[12].fetch_sub(1);  // the free, on a shard read after...
