@@ -425,7 +425,8 @@ class Suite:
     def bench_torch(self):
         cached, cached_ms, cached_mb, _ = self.torch_run("cached", {}, False)
         uncached, uncached_ms, _, _ = self.torch_run("uncached", {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, False)
-        shimmed, shim_ms, _, logs = self.torch_run("uncached-shim", {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}, True)
+        shimmed, shim_ms, _, logs = self.torch_run(
+            "uncached-shim-sync", {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "POOLSHIM_FREE": "sync"}, True)
         ordered, ordered_ms, _, ordered_logs = self.torch_run(
             "uncached-shim-ordered", {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "POOLSHIM_FREE": "ordered"}, True)
         expect_equal(shimmed, uncached, "losses with and without the shim (uncached)")
