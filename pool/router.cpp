@@ -118,7 +118,7 @@ CUresult Router::take_block(DevicePool& pool, std::size_t bytes, std::uintptr_t 
   // only waits for fences (an eighth of what the heap holds, 64 MiB at least), one
   // synchronization is cheaper than growing by it: what the heap holds beyond live memory stays
   // bounded relative to it. The stall is the native cudaFree's, paid once for many frees.
-  const std::uint64_t free = heap.free_bytes();
+  const std::uint64_t free = hit ? 0 : heap.free_bytes();
   if (!hit && free >= SegmentAllocator::segment_for(bytes)) {
     if (heap.coalesce(fences.completed()) > 0) hit = from_free();
     if (!hit && heap.waiting(fences.completed()) && free >= kBoundedSlackMin &&

@@ -244,8 +244,8 @@ def capacity(bench, settings, shim_env, budget_mb=6144):
             if rc not in (0, 4):
                 lines.append(f"{name} batch {batch}: exit status {rc} (counted as not training): {err[-300:]}")
             probes.append({"batch": batch, "trained": trained, "rc": rc, "nvml_peak_mb": peak / MiB})
-            bench.progress(f"capacity: {name} batch {batch}: {'trains' if trained else 'out of memory'} "
-                           f"(NVML peak {peak / MiB:.0f} MB)")
+            outcome = "trains" if trained else "out of memory" if rc == 4 else f"FAILED (exit status {rc})"
+            bench.progress(f"capacity: {name} batch {batch}: {outcome} (NVML peak {peak / MiB:.0f} MB)")
             if trained:
                 lo = mid
             else:

@@ -37,7 +37,7 @@ def main():
     device = torch.device("cuda")
     if args.budget_mb > 0:
         total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(args.budget_mb * 2**20 / total, device)
+        torch.cuda.set_per_process_memory_fraction(args.budget_mb * 2**20 / total, torch.cuda.current_device())
     config = GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=512,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     model = GPT2LMHeadModel(config).to(device)
