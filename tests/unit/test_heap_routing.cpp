@@ -51,6 +51,29 @@ void streams_without_event_fences(Rig& rig, StreamRegistry& streams) {
   streams.add({make_stream(rig.d), 0, nullptr});
 }
 
+// A 4 KiB block allocated and freed on a new stream s1 (streams_without_event_fences first).
+void* freed_on_new_stream(Rig& rig, StreamRegistry& streams, CUstream* s1, RealStub& real) {
+  streams_without_event_fences(rig, streams);
+  *s1 = make_stream(rig.d);
+  void* p = async_alloc(rig.router, 0, 4096, *s1, real);
+  rig.router.free_async(p, *s1, real);
+  return p;
+}
+
+// `count` 12 MiB blocks freed on s1, waiting for a fence before another stream may take them;
+// then one 12 MiB request on s2 (streams_without_event_fences first).
+void wait_then_ask_elsewhere(Rig& rig, StreamRegistry& streams, int count) {
+  streams_without_event_fences(rig, streams);
+  const CUstream s1 = make_stream(rig.d);
+  const CUstream s2 = make_stream(rig.d);
+  RealStub real;
+  std::vector<void*> blocks;
+  for (int i = 0; i < count; ++i) blocks.push_back(async_alloc(rig.router, 0, 12 * MiB, s1, real));
+  for (void* b : blocks) rig.router.free_async(b, s1, real);
+  REQUIRE(rig.router.snapshot(0).pool.reserved == count * 12 * MiB);
+  CHECK(async_alloc(rig.router, 0, 12 * MiB, s2, real) != nullptr);
+}
+
 }  // namespace
 
 TEST_CASE("heap: a block freed by cudaFree serves the next cudaMalloc without a driver call") {
@@ -151,13 +174,11 @@ TEST_CASE("heap: the legacy default stream's blocks serve it at once") {
 
 TEST_CASE("heap: a destroyed stream's blocks lose the shortcut") {
   Rig rig(1, 64 * MiB);
-  auto& [d, config, events, router] = rig;
+  auto& router = rig.router;
   StreamRegistry streams;
-  streams_without_event_fences(rig, streams);
-  const CUstream s1 = make_stream(d);
+  CUstream s1 = nullptr;
   RealStub real;
-  void* p = async_alloc(router, 0, 4096, s1, real);
-  router.free_async(p, s1, real);
+  void* p = freed_on_new_stream(rig, streams, &s1, real);
   router.before_any_stream_destroy(s1);  // a new stream may get the same handle
   CHECK(async_alloc(router, 0, 4096, s1, real) != p);
   CHECK(router.snapshot(0).cached_bytes == 4 * MiB - 4096);
@@ -490,11 +511,9 @@ TEST_CASE("heap: an idle trim synchronizes once for blocks no event fence can re
   Rig rig(1, 64 * MiB);
   auto& [d, config, events, router] = rig;
   StreamRegistry streams;
-  streams_without_event_fences(rig, streams);
-  const CUstream s1 = make_stream(d);
+  CUstream s1 = nullptr;
   RealStub real;
-  void* p = async_alloc(router, 0, 4096, s1, real);
-  router.free_async(p, s1, real);
+  freed_on_new_stream(rig, streams, &s1, real);
   CHECK(router.tend_heap(0) == 0);  // its fence has not completed: not given back
   router.trim_idle(0, 0);
   CHECK(d.calls("cuCtxSynchronize") == 1);
@@ -510,15 +529,7 @@ TEST_CASE(
   Rig rig(1, 512 * MiB, with_cache(512 * MiB));
   auto& [d, config, events, router] = rig;
   StreamRegistry streams;
-  streams_without_event_fences(rig, streams);
-  const CUstream s1 = make_stream(d);
-  const CUstream s2 = make_stream(d);
-  RealStub real;
-  std::vector<void*> blocks;
-  for (int i = 0; i < 6; ++i) blocks.push_back(async_alloc(router, 0, 12 * MiB, s1, real));
-  for (void* b : blocks) router.free_async(b, s1, real);  // 72 MiB, waiting for a fence for s2
-  CHECK(router.snapshot(0).pool.reserved == 72 * MiB);
-  CHECK(async_alloc(router, 0, 12 * MiB, s2, real) != nullptr);
+  wait_then_ask_elsewhere(rig, streams, 6);  // 72 MiB waiting
   const DeviceSnapshot s = router.snapshot(0);
   CHECK(s.stats.bounded_syncs == 1);
   CHECK(d.calls("cuCtxSynchronize") == 1);
@@ -529,14 +540,7 @@ TEST_CASE("heap: under 64 MiB waiting for a fence, a miss grows instead of stall
   Rig rig(1, 512 * MiB, with_cache(512 * MiB));
   auto& [d, config, events, router] = rig;
   StreamRegistry streams;
-  streams_without_event_fences(rig, streams);
-  const CUstream s1 = make_stream(d);
-  const CUstream s2 = make_stream(d);
-  RealStub real;
-  std::vector<void*> blocks;
-  for (int i = 0; i < 4; ++i) blocks.push_back(async_alloc(router, 0, 12 * MiB, s1, real));
-  for (void* b : blocks) router.free_async(b, s1, real);  // 48 MiB
-  CHECK(async_alloc(router, 0, 12 * MiB, s2, real) != nullptr);
+  wait_then_ask_elsewhere(rig, streams, 4);  // 48 MiB waiting
   const DeviceSnapshot s = router.snapshot(0);
   CHECK(s.stats.bounded_syncs == 0);
   CHECK(d.calls("cuCtxSynchronize") == 0);
