@@ -71,6 +71,12 @@ def _fmt(v, digits=2):
     return "-" if v is None else f"{v:.{digits}f}"
 
 
+def _keep(bench, name, lines):
+    """Writes the section's lines so far to OUT/name (the report is written only at the end)."""
+    with open(os.path.join(bench.out, name), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def footprint(bench, bins, settings, shim_env, pool_figures, broken):
     """The footprint section. `pool_figures(folder)`: the shim run's exit-record figures;
     `broken(message)`: the bench's exception for a run that cannot be measured."""
@@ -173,7 +179,9 @@ def footprint(bench, bins, settings, shim_env, pool_figures, broken):
                     "runs": {n: [{k: v for k, v in m.items() if k != "losses"} for m in ms]
                              for n, ms in runs.items()}}
         lines.append("")
+        _keep(bench, "footprint.txt", lines)  # a call that runs out of time keeps what it measured
     lines += footprint_targets(raw)
+    _keep(bench, "footprint.txt", lines)
     return lines, raw
 
 
@@ -254,6 +262,7 @@ def capacity(bench, settings, shim_env, budget_mb=6144):
         raw[name] = {"largest_batch": largest, "probes": probes}
         lines.append(f"   {name:<40} largest batch {largest if largest is not None else 'none'} "
                      f"(probes: {', '.join(str(p['batch']) + ('+' if p['trained'] else '-') for p in probes)})")
+        _keep(bench, "capacity.txt", lines)
     best = raw.get(SHIM_SYNC, {}).get("largest_batch") or 0
     best = max(best, raw.get(SHIM_DEFAULT, {}).get("largest_batch") or 0)
     exp = raw.get(EXPANDABLE, {}).get("largest_batch") or 0
