@@ -176,8 +176,7 @@ class Router {
   std::vector<LiveAllocation> live_allocations() const;
   std::vector<DeviceDescription> describe_devices() const;
   const DriverApi& driver() const { return driver_; }
-  /// The free mode in use and what chose it (`free=auto`: see pool/free_mode.h).
-  bool ordered_mode() const { return ordered_mode_; }
+  /// What chose the free mode in use (`free=auto`: see pool/free_mode.h), for the start record.
   const std::string& free_mode_why() const { return free_mode_why_; }
   const Config& config() const { return config_; }
   /// Totals over devices of a counter, e.g. total(&StatsSnapshot::allocs).
