@@ -52,7 +52,16 @@ namespace poolshim {
   X(cuMemPoolTrimTo)                   \
   X(cuMemAllocFromPoolAsync)           \
   X(cuMemFreeAsync)                    \
-  X(cuMemGetInfo_v2)
+  X(cuMemGetInfo_v2)                   \
+  X(cuDeviceGetAttribute)              \
+  X(cuMemGetAllocationGranularity)     \
+  X(cuMemAddressReserve)               \
+  X(cuMemAddressFree)                  \
+  X(cuMemCreate)                       \
+  X(cuMemRelease)                      \
+  X(cuMemMap)                          \
+  X(cuMemUnmap)                        \
+  X(cuMemSetAccess)
 
 struct DriverApi {
 #define POOLSHIM_DRIVER_POINTER(name) decltype(&::name) name = nullptr;

@@ -5,8 +5,34 @@
 
 namespace poolshim {
 
-DeviceHeap::DeviceHeap(SegmentSource& source) {
-  for (auto& a : arenas_) a = std::make_unique<SegmentAllocator>(source);
+DeviceHeap::DeviceHeap(SegmentSource& source, const Paging& paging) {
+  for (int i = 0; i < kArenas; ++i) {
+    if (paging.physical != nullptr) {
+      pages_[i] = std::make_unique<PageMap>(*paging.physical, paging.page, paging.span);
+    }
+    arenas_[i] = std::make_unique<SegmentAllocator>(source, pages_[i].get(), paging.slack);
+  }
+}
+
+void DeviceHeap::release_pages() {
+  for (auto& p : pages_) {
+    if (p) p->release();
+  }
+}
+
+PageMap::Stats DeviceHeap::page_stats() const {
+  PageMap::Stats sum;
+  for (const auto& p : pages_) {
+    if (!p) continue;
+    const PageMap::Stats s = p->stats();
+    sum.mapped += s.mapped;
+    sum.mapped_peak += s.mapped_peak;
+    sum.maps += s.maps;
+    sum.unmaps += s.unmaps;
+    sum.creates += s.creates;
+    sum.destroys += s.destroys;
+  }
+  return sum;
 }
 
 int DeviceHeap::arena_for(std::uintptr_t token) {

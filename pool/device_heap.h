@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "page_map.h"
 #include "segment_allocator.h"
 
 namespace poolshim {
@@ -31,7 +32,18 @@ class DeviceHeap {
     int arena = 0;
   };
 
-  explicit DeviceHeap(SegmentSource& source);
+  /// The paged large arenas (page_map.h): with `physical`, each arena places its requests over
+  /// 1 MiB in a range of `span` addresses backed by pages of `page` bytes, holding at most
+  /// `slack` mapped bytes beyond its blocks before it claims free pages.
+  struct Paging {
+    PhysicalMemory* physical = nullptr;  // null: large blocks from segments of the source
+    std::uint64_t page = 0;
+    std::uint64_t span = 0;
+    std::uint64_t slack = 0;
+  };
+
+  DeviceHeap(SegmentSource& source, const Paging& paging);
+  explicit DeviceHeap(SegmentSource& source) : DeviceHeap(source, Paging{}) {}
 
   /// The arena of a request for stream token `token` on this thread (0 and the legacy
   /// stream's: arena 0; a named stream's: the thread's own).
@@ -54,6 +66,13 @@ class DeviceHeap {
   std::uint64_t coalesce(std::uint64_t completed);
   void forget_affinity(std::uintptr_t token);
   void clear();
+  /// Unmaps and destroys every page of the paged arenas and gives their addresses back (the
+  /// device is about to be reset or the process to end; after clear()).
+  void release_pages();
+  /// Whether large blocks come from paged arenas.
+  bool paged() const { return pages_[0] != nullptr; }
+  /// The paged arenas' page maps' statistics added up.
+  PageMap::Stats page_stats() const;
 
   /// Sums over the arenas (lock-free figures, see SegmentAllocator).
   std::uint64_t free_bytes() const;
@@ -70,6 +89,7 @@ class DeviceHeap {
   static Block from(const SegmentAllocator::Block& b, int arena) {
     return Block{b.ptr, b.size, b.node, b.ready_at, arena};
   }
+  std::array<std::unique_ptr<PageMap>, kArenas> pages_;  // declared first: destroyed last
   std::array<std::unique_ptr<SegmentAllocator>, kArenas> arenas_;
 };
 

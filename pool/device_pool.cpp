@@ -92,7 +92,31 @@ std::unique_ptr<DevicePool> DevicePool::create(const DriverApi& driver, int ordi
     }
   }
   p->source_ = std::make_unique<DevicePoolSegments>(driver, *p);
-  p->heap_ = std::make_unique<DeviceHeap>(*p->source_);
+  DeviceHeap::Paging paging;
+  const std::uint64_t page = settings.page.resolve(total);
+  int vmm = 0;
+  if (page > 0 && settings.single_device &&
+      driver.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                                  p->device_) == CUDA_SUCCESS &&
+      vmm == 1) {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ordinal;
+    std::size_t granularity = 0;
+    if (driver.cuMemGetAllocationGranularity(&granularity, &prop,
+                                             CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS &&
+        granularity > 0) {
+      p->pages_ = std::make_unique<DevicePoolPages>(driver, *p, ordinal);
+      p->page_ = (page + granularity - 1) / granularity * granularity;
+      paging.physical = p->pages_.get();
+      paging.page = p->page_;
+      // Twice the device: blocks in use never exceed it, the free space between them may.
+      paging.span = 2 * ((total + p->page_ - 1) / p->page_ * p->page_);
+      paging.slack = p->heap_keep_;
+    }
+  }
+  p->heap_ = std::make_unique<DeviceHeap>(*p->source_, paging);
   return p;
 }
 
@@ -103,6 +127,8 @@ DevicePool::~DevicePool() {
 }
 
 void DevicePool::release() {
+  // The pages go while the context is alive (the heap forgets its blocks below).
+  if (heap_) heap_->release_pages();
   // A pool with live allocations is released by the driver once they are freed (or by the
   // reset that follows); see cuMemPoolDestroy.
   if (pool_ != nullptr) driver_.cuMemPoolDestroy(pool_);
@@ -152,7 +178,18 @@ PoolUsage DevicePool::usage() const {
             attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &u.reserved_high) &&
             attribute(CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &u.used) &&
             attribute(CU_MEMPOOL_ATTR_USED_MEM_HIGH, &u.used_high);
+  if (u.valid && heap_ && heap_->paged()) {
+    const PageMap::Stats pages = heap_->page_stats();
+    u.reserved += pages.mapped;
+    u.used += pages.mapped;
+    u.reserved_high += pages.mapped_peak;
+    u.used_high += pages.mapped_peak;
+  }
   return u;
+}
+
+std::uint64_t DevicePool::pages_held() const {
+  return pages_ ? pages_->held() : 0;
 }
 
 std::uint64_t DevicePool::reserved() const {

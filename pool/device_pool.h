@@ -20,16 +20,20 @@
 namespace poolshim {
 
 class DevicePoolSegments;
+class DevicePoolPages;
 
 struct PoolSettings {
   bool reuse_follow_event_deps = true;
   bool reuse_opportunistic = true;
   bool reuse_internal_deps = false;
-  SizeValue cap;    // 0 bytes: no cap
-  SizeValue cache;  // free segments the heap keeps beyond what is in use
+  SizeValue cap;              // 0 bytes: no cap
+  SizeValue cache;            // free segments the heap keeps beyond what is in use
+  SizeValue page;             // the paged large arenas' page (0: large blocks from pool segments)
+  bool single_device = true;  // pages are mapped for their own device only (no peer access)
 };
 
-/// The pool's own figures (cudaMemPoolAttr*MemCurrent/High).
+/// The pool's own figures (cudaMemPoolAttr*MemCurrent/High), with the heap's mapped pages
+/// added to reserved and used (the high mark adds the pages' peak).
 struct PoolUsage {
   std::uint64_t reserved = 0;
   std::uint64_t reserved_high = 0;
@@ -74,6 +78,10 @@ class DevicePool {
   void renew_proxy();
   /// The pool's cap in bytes (its maximum size; POOLSHIM_LIMIT), 0 when there is none.
   std::uint64_t cap() const { return cap_; }
+  /// Physical bytes of the heap's paged arenas (0 without them).
+  std::uint64_t pages_held() const;
+  /// The paged arenas' page size, 0 when large blocks come from pool segments.
+  std::uint64_t page() const { return page_; }
 
   /// The user-space allocator over the pool (segments split and merged), and the fences that
   /// make its free blocks reusable by any stream.
@@ -133,7 +141,9 @@ class DevicePool {
   CUevent fence_event_ = nullptr;
   CUmemoryPool pool_ = nullptr;
   std::unique_ptr<DevicePoolSegments> source_;
+  std::unique_ptr<DevicePoolPages> pages_;
   std::unique_ptr<DeviceHeap> heap_;
+  std::uint64_t page_ = 0;
   std::uint64_t heap_keep_ = 0;
   std::atomic<CUdeviceptr> proxy_{0};
   FenceClock fences_;

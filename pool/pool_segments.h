@@ -7,8 +7,11 @@
 // never reach the real free function, which would free the whole segment under its live blocks.
 #pragma once
 
+#include <atomic>
+
 #include "allocation_table.h"
 #include "cuda_api.h"
+#include "page_map.h"
 #include "segment_allocator.h"
 
 namespace poolshim {
@@ -31,6 +34,29 @@ class DevicePoolSegments final : public SegmentSource {
   const DriverApi& driver_;
   DevicePool& pool_;
   AllocationTable bases_;  // base -> {size}; device -1
+};
+
+/// The pages of a device's paged large arenas (page_map.h): physical memory from cuMemCreate,
+/// mapped with cuMemMap and cuMemSetAccess in ranges from cuMemAddressReserve. The pool's cap
+/// covers the pages and the pool's own memory together.
+class DevicePoolPages final : public PhysicalMemory {
+ public:
+  DevicePoolPages(const DriverApi& driver, DevicePool& pool, int ordinal);
+  CUresult reserve(std::uint64_t bytes, CUdeviceptr* out) override;
+  void unreserve(CUdeviceptr base, std::uint64_t bytes) override;
+  CUresult create(std::uint64_t bytes, CUmemGenericAllocationHandle* out) override;
+  void destroy(CUmemGenericAllocationHandle handle, std::uint64_t bytes) override;
+  CUresult map(CUdeviceptr va, std::uint64_t bytes, CUmemGenericAllocationHandle h) override;
+  void unmap(CUdeviceptr va, std::uint64_t bytes) override;
+  /// Physical bytes made and not yet destroyed.
+  std::uint64_t held() const { return held_.load(std::memory_order_relaxed); }
+
+ private:
+  const DriverApi& driver_;
+  DevicePool& pool_;
+  CUmemAllocationProp prop_{};
+  CUmemAccessDesc access_{};
+  std::atomic<std::uint64_t> held_{0};
 };
 
 }  // namespace poolshim

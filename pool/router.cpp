@@ -34,10 +34,12 @@ Router::Router(const DriverApi& driver, const Config& config, EventQueue& events
   settings_.reuse_opportunistic = config.reuse_opportunistic;
   settings_.reuse_internal_deps = config.reuse_internal_deps;
   settings_.cache = config.cache;
+  settings_.page = config.page;
   const FreeMode mode = resolve_free_mode(config.free, loaded_libraries());
   ordered_mode_ = mode.ordered;
   free_mode_why_ = mode.why;
   if (driver_.cuDeviceGetCount(&device_count_) != CUDA_SUCCESS) device_count_ = 0;
+  settings_.single_device = device_count_ == 1;
 }
 
 Router::~Router() = default;

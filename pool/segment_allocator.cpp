@@ -1,6 +1,7 @@
 #include "segment_allocator.h"
 
 #include "atomic_max.h"
+#include "page_map.h"
 
 #include <sys/mman.h>
 
@@ -54,6 +55,7 @@ struct SegmentAllocator::Segment {
   Segment* prev = nullptr;
   Segment* next = nullptr;
   Arena* arena = nullptr;
+  bool paged = false;  // the page map's range: not held from the source, never given back
 
   bool wholly_free() const { return first->free && first->size == size; }
 };
@@ -123,8 +125,13 @@ struct SegmentAllocator::Slabs {
   void put(Segment* s) { give(spare_segments, s, segment_link); }
 };
 
-SegmentAllocator::SegmentAllocator(SegmentSource& source)
-    : source_(source), small_(new Arena()), large_(new Arena()), slabs_(new Slabs()) {
+SegmentAllocator::SegmentAllocator(SegmentSource& source, PageMap* pages, std::uint64_t slack)
+    : source_(source),
+      pages_(pages),
+      slack_(slack),
+      small_(new Arena()),
+      large_(new Arena()),
+      slabs_(new Slabs()) {
   small_->split_min = kGranule;
   large_->split_min = kLargeSplitMin;
 }
@@ -234,8 +241,15 @@ void SegmentAllocator::note_allocated(std::uint64_t size) {
   stats_.allocated_peak = std::max(stats_.allocated_peak, stats_.allocated);
 }
 
+std::uint64_t SegmentAllocator::reserved_now() const {
+  return stats_.reserved + (pages_ != nullptr ? pages_->mapped_bytes() : 0);
+}
+
 void SegmentAllocator::publish() {
-  const std::uint64_t free = stats_.reserved - stats_.allocated;
+  const std::uint64_t reserved = reserved_now();
+  stats_.reserved_peak = std::max(stats_.reserved_peak, reserved);
+  // Pages may be mapped under carved blocks a moment before the lock sees them handed out.
+  const std::uint64_t free = reserved > stats_.allocated ? reserved - stats_.allocated : 0;
   stats_.free_peak = std::max(stats_.free_peak, free);
   free_bytes_.store(free, std::memory_order_relaxed);
   free_peak_.store(stats_.free_peak, std::memory_order_relaxed);
@@ -243,16 +257,17 @@ void SegmentAllocator::publish() {
 }
 
 SegmentAllocator::Node* SegmentAllocator::add_segment(Arena& arena, CUdeviceptr base,
-                                                      std::uint64_t bytes,
-                                                      std::uintptr_t affinity) {
+                                                      std::uint64_t bytes, std::uintptr_t affinity,
+                                                      bool paged) {
   Segment* seg = slabs_->segment();
   Node* node = seg != nullptr ? slabs_->node() : nullptr;
   if (node == nullptr) {
     // No descriptor (mmap failed): the segment cannot be tracked, give it back.
     if (seg != nullptr) slabs_->put(seg);
-    source_.release(base, bytes);
+    if (!paged) source_.release(base, bytes);
     return nullptr;
   }
+  seg->paged = paged;
   seg->base = base;
   seg->size = bytes;
   seg->first = node;
@@ -265,9 +280,9 @@ SegmentAllocator::Node* SegmentAllocator::add_segment(Arena& arena, CUdeviceptr 
   node->segment = seg;
   node->affinity = affinity;  // ready for every stream, and its maker's (see free)
   insert_free(arena, node);
-  stats_.reserved += bytes;
-  stats_.reserved_peak = std::max(stats_.reserved_peak, stats_.reserved);
   ++stats_.segments;
+  if (paged) return node;  // addresses only: its pages count as they are mapped
+  stats_.reserved += bytes;
   ++stats_.segments_reserved;
   return node;
 }
@@ -279,17 +294,92 @@ bool SegmentAllocator::allocate_from_free(std::uint64_t bytes, std::uintptr_t af
   std::lock_guard<SpinLock> guard(lock_);
   Node* node = search(arena, size, affinity, completed);
   if (node == nullptr) return false;
+  // A block of the page map's range whose pages are not all mapped is for allocate().
+  if (node->segment->paged && !pages_->mapped(node->ptr, size)) return false;
   const std::uint64_t ready_at = node->ready_at;
   node = carve(arena, node, size);
+  if (node->segment->paged) paged_allocated_.fetch_add(node->size, std::memory_order_relaxed);
   publish();
   *out = Block{node->ptr, node->size, node, ready_at};
   return true;
+}
+
+int SegmentAllocator::allocate_paged(std::uint64_t size, std::uintptr_t affinity,
+                                     std::uint64_t completed, Block* out, CUresult* why) {
+  if (pages_->reserve() != CUDA_SUCCESS) return -1;
+  Node* node = nullptr;
+  std::uint64_t ready_at = 0;
+  std::uintptr_t was_affinity = 0;
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    if (paged_ == nullptr) {
+      Node* whole = add_segment(*large_, pages_->base(), pages_->span(), 0, true);
+      if (whole == nullptr) return -1;
+      paged_ = whole->segment;
+    }
+    node = search(*large_, size, affinity, completed);
+    if (node == nullptr) return -1;
+    ready_at = node->ready_at;
+    was_affinity = node->affinity;
+    node = carve(*large_, node, size);
+    if (node->segment->paged) paged_allocated_.fetch_add(node->size, std::memory_order_relaxed);
+    publish();
+  }
+  if (node->segment->paged) {
+    const CUresult r = back(node, completed);
+    if (r != CUDA_SUCCESS) {
+      // Back to the free list as it was (its mapped pages stay, for the next request).
+      free(Block{node->ptr, node->size, node, ready_at}, was_affinity, ready_at, completed);
+      if (why != nullptr) *why = r;
+      // Out of memory for whole pages (a cap below a page, say), a segment of the request's
+      // own size from the source may still fit.
+      return r == CUDA_ERROR_OUT_OF_MEMORY ? -1 : 0;
+    }
+    std::lock_guard<SpinLock> guard(lock_);
+    publish();
+  }
+  *out = Block{node->ptr, node->size, node, ready_at};
+  return 1;
+}
+
+CUresult SegmentAllocator::back(const Node* node, std::uint64_t completed) {
+  std::lock_guard<std::mutex> guard(pages_->mutex());
+  const std::uint64_t missing = pages_->unmapped_bytes(node->ptr, node->size);
+  if (missing == 0) return CUDA_SUCCESS;
+  // Free pages elsewhere in the range serve first, beyond the slack: memory follows the
+  // blocks in use instead of growing with the range's fragmentation.
+  const std::uint64_t mapped = pages_->mapped_bytes();
+  const std::uint64_t budget = paged_allocated_.load(std::memory_order_relaxed) + slack_;
+  if (mapped + missing > budget) harvest(std::min(missing, mapped + missing - budget), completed);
+  // Out of memory, the caller's retry (trim(0) after a synchronization) frees every free page.
+  const CUresult r = pages_->commit(node->ptr, node->size);
+  pages_->drop_spare();
+  return r;
+}
+
+std::uint64_t SegmentAllocator::harvest(std::uint64_t want, std::uint64_t completed) {
+  std::uint64_t got = 0;
+  {
+    std::lock_guard<SpinLock> guard(lock_);
+    if (paged_ == nullptr) return 0;
+    Node* last = paged_->first;
+    while (last->next_addr != nullptr) last = last->next_addr;
+    for (Node* n = last; n != nullptr && got < want; n = n->prev_addr) {
+      if (n->free && n->ready_at <= completed) got += pages_->claim(n->ptr, n->size, want - got);
+    }
+  }
+  pages_->unmap_claimed();
+  return got;
 }
 
 bool SegmentAllocator::allocate(std::uint64_t bytes, std::uintptr_t affinity,
                                 std::uint64_t completed, Block* out, CUresult* why) {
   if (allocate_from_free(bytes, affinity, completed, out)) return true;
   const std::uint64_t size = rounded(bytes);
+  if (pages_ != nullptr && size > kSmallRequest) {
+    const int paged = allocate_paged(size, affinity, completed, out, why);
+    if (paged >= 0) return paged == 1;
+  }
   std::uint64_t segment = segment_for(size);
   CUdeviceptr base = 0;
   CUresult r = CUDA_SUCCESS;
@@ -354,6 +444,7 @@ void SegmentAllocator::free(const Block& block, std::uintptr_t affinity, std::ui
   std::lock_guard<SpinLock> guard(lock_);
   Arena& arena = *node->segment->arena;
   stats_.allocated -= node->size;
+  if (node->segment->paged) paged_allocated_.fetch_sub(node->size, std::memory_order_relaxed);
   node->affinity = affinity;
   node->ready_at = ready_at;
   raise_to(newest_ready_at_, ready_at, std::memory_order_relaxed);
@@ -390,11 +481,11 @@ std::uint64_t SegmentAllocator::trim(std::uint64_t keep, std::uint64_t completed
     std::uint64_t size = 0;
     {
       std::lock_guard<SpinLock> guard(lock_);
-      if (stats_.reserved <= keep) break;
+      if (reserved_now() <= keep) break;
       Segment* largest = nullptr;
       for (Arena* arena : {small_, large_}) {
         for (Segment* s = arena->segments; s != nullptr; s = s->next) {
-          if (s->wholly_free() && s->first->ready_at <= completed &&
+          if (!s->paged && s->wholly_free() && s->first->ready_at <= completed &&
               (largest == nullptr || s->size > largest->size)) {
             largest = s;
           }
@@ -420,6 +511,22 @@ std::uint64_t SegmentAllocator::trim(std::uint64_t keep, std::uint64_t completed
     }
     source_.release(base, size);  // outside the lock: a driver call
     released += size;
+  }
+  if (pages_ != nullptr) {
+    // Then the free pages of the range, highest first.
+    std::lock_guard<std::mutex> guard(pages_->mutex());
+    std::uint64_t reserved = 0;
+    {
+      std::lock_guard<SpinLock> lock(lock_);
+      reserved = reserved_now();
+    }
+    if (reserved > keep) {
+      const std::uint64_t unmapped = harvest(reserved - keep, completed);
+      pages_->drop_spare();
+      released += unmapped;
+      std::lock_guard<SpinLock> lock(lock_);
+      publish();
+    }
   }
   return released;
 }
@@ -453,6 +560,8 @@ void SegmentAllocator::clear() {
     *arena = Arena();
     arena->split_min = split_min;
   }
+  paged_ = nullptr;
+  paged_allocated_.store(0, std::memory_order_relaxed);
   stats_.reserved = stats_.allocated = stats_.segments = stats_.free_blocks = 0;
   publish();
 }
@@ -460,14 +569,45 @@ void SegmentAllocator::clear() {
 SegmentAllocator::Stats SegmentAllocator::stats() const {
   std::lock_guard<SpinLock> guard(lock_);
   Stats s = stats_;
-  for (const Arena* arena : {small_, large_}) {
+  s.reserved = reserved_now();
+  // The largest free block: the top bin's; in the page map's range only its mapped runs count
+  // (a free block there holds memory only where it is mapped).
+  auto top_bin = [&](const Arena& arena) {
     for (int w = kWords - 1; w >= 0; --w) {
-      if (arena->bitmap[w] == 0) continue;
-      const int b = w * 64 + 63 - __builtin_clzll(arena->bitmap[w]);
-      for (const Node* n = arena->bins[b]; n != nullptr; n = n->next_free) {
+      if (arena.bitmap[w] == 0) continue;
+      const int b = w * 64 + 63 - __builtin_clzll(arena.bitmap[w]);
+      for (const Node* n = arena.bins[b]; n != nullptr; n = n->next_free) {
         s.largest_free = std::max(s.largest_free, n->size);
       }
-      break;
+      return;
+    }
+  };
+  top_bin(*small_);
+  if (paged_ == nullptr) {
+    top_bin(*large_);
+    return s;
+  }
+  const std::uint64_t page = pages_->page();
+  for (const Segment* seg = large_->segments; seg != nullptr; seg = seg->next) {
+    for (const Node* n = seg->first; n != nullptr; n = n->next_addr) {
+      if (!n->free) continue;
+      if (!seg->paged) {
+        s.largest_free = std::max(s.largest_free, n->size);
+        continue;
+      }
+      std::uint64_t run = 0;
+      for (CUdeviceptr at = n->ptr; at < n->ptr + n->size;) {
+        const CUdeviceptr page_end = pages_->base() + ((at - pages_->base()) / page + 1) * page;
+        const CUdeviceptr end = std::min<CUdeviceptr>(page_end, n->ptr + n->size);
+        if (!pages_->mapped(at, 1)) {
+          if (pages_->mapped_bytes() == 0) break;
+          run = 0;
+        } else {
+          run += end - at;
+          s.largest_free = std::max(s.largest_free, run);
+        }
+        at = end;
+      }
     }
   }
   return s;

@@ -29,8 +29,17 @@
 // (the legacy default stream orders every blocking stream, for instance); the allocator only
 // compares them.
 //
+// Paged large arena (DESIGN §7, page_map.h): given a PageMap, requests over 1 MiB are placed in
+// its one range of reserved addresses (one segment as large as the range: free blocks merge
+// across the whole of it) and only the pages under them are backed. A free block serves a
+// request from the free list when its pages are mapped; otherwise the request maps the missing
+// pages, first claiming pages of free, ready blocks when the arena's mapped bytes would exceed
+// its live large bytes plus `slack`. trim() unmaps such pages too (trim(0): all of them, for
+// the retry after an out-of-memory answer). When the range cannot be reserved or is full, the
+// arena's segments come from the source as without it.
+//
 // Thread safety: every call takes the allocator's one spin lock for the bookkeeping only; the
-// segment source (driver calls) is called outside it.
+// segment source and the page map (driver calls) are called outside it.
 #pragma once
 
 #include <cuda.h>
@@ -42,6 +51,8 @@
 #include "spin_lock.h"
 
 namespace poolshim {
+
+class PageMap;
 
 /// Where segments come from and go back to: the device's cudaMemPool (DevicePoolSegments), or a
 /// test's stand-in.
@@ -91,7 +102,10 @@ class SegmentAllocator {
     std::uint64_t segments_released = 0;
   };
 
-  explicit SegmentAllocator(SegmentSource& source);
+  /// `pages` (may be null): the paged large arena's page map; `slack`: the mapped bytes it may
+  /// hold beyond its blocks in use before it claims free pages.
+  explicit SegmentAllocator(SegmentSource& source, PageMap* pages = nullptr,
+                            std::uint64_t slack = 0);
   ~SegmentAllocator();
   SegmentAllocator(const SegmentAllocator&) = delete;
   SegmentAllocator& operator=(const SegmentAllocator&) = delete;
@@ -148,10 +162,21 @@ class SegmentAllocator {
   struct Arena;
   struct Slabs;
 
+  /// The paged arena's part of allocate(): 1 served, 0 failed (`why`), -1 not paged (the
+  /// range cannot be reserved or has no room): segments from the source serve it.
+  int allocate_paged(std::uint64_t size, std::uintptr_t affinity, std::uint64_t completed,
+                     Block* out, CUresult* why);
+  /// Maps the pages under a carved block (under the page map's mutex).
+  CUresult back(const Node* node, std::uint64_t completed);
+  /// Claims and unmaps up to `want` bytes of pages wholly inside free blocks of the range that
+  /// are ready at `completed`, highest first. Under the page map's mutex; takes the lock.
+  std::uint64_t harvest(std::uint64_t want, std::uint64_t completed);
+  std::uint64_t reserved_now() const;  // segments plus mapped pages (under the lock)
   Node* search(Arena& arena, std::uint64_t size, std::uintptr_t affinity, std::uint64_t completed);
   Node* carve(Arena& arena, Node* node, std::uint64_t size);
   /// The new segment's one free node; nullptr (and the segment given back) without descriptors.
-  Node* add_segment(Arena& arena, CUdeviceptr base, std::uint64_t bytes, std::uintptr_t affinity);
+  Node* add_segment(Arena& arena, CUdeviceptr base, std::uint64_t bytes, std::uintptr_t affinity,
+                    bool paged = false);
   static bool mergeable(const Node* a, const Node* b, std::uint64_t completed);
   void absorb(Node* into, Node* gone);
   void merge_neighbours(Arena& arena, Node*& node, std::uint64_t completed);
@@ -162,6 +187,10 @@ class SegmentAllocator {
   void publish();  // the lock-free figures, from stats_ (under the lock)
 
   SegmentSource& source_;
+  PageMap* const pages_;
+  const std::uint64_t slack_;
+  Segment* paged_ = nullptr;                       // the page map's range, once added
+  std::atomic<std::uint64_t> paged_allocated_{0};  // bytes of blocks handed out from it
   mutable SpinLock lock_;
   Arena* small_;
   Arena* large_;

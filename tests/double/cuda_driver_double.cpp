@@ -12,6 +12,7 @@
 
 #include <cuda.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -153,7 +154,15 @@
   X(cuMemsetD8Async_ptsz)              \
   X(cuMemsetD32Async)                  \
   X(cuMemsetD32Async_ptsz)             \
-  X(cuPointerGetAttribute)
+  X(cuPointerGetAttribute)            \
+  X(cuMemGetAllocationGranularity)     \
+  X(cuMemAddressReserve)               \
+  X(cuMemAddressFree)                  \
+  X(cuMemCreate)                       \
+  X(cuMemRelease)                      \
+  X(cuMemMap)                          \
+  X(cuMemUnmap)                        \
+  X(cuMemSetAccess)
 // clang-format on
 
 namespace entry {
@@ -298,11 +307,30 @@ struct HostAllocation {
 
 struct Device {
   size_t capacity = 0;
+  size_t vmm_bytes = 0;  // cuMemCreate'd, not yet released
   size_t plain_bytes = 0;
   size_t plain_count = 0;
   Pool* default_pool = nullptr;
   Pool* current_pool = nullptr;
   CUstream_st default_stream;  // what the handles 0, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD mean
+};
+
+// Virtual memory management (cuMemCreate and friends): a physical allocation is a memfd of its
+// size; mapping it maps the file at the address (MAP_SHARED, so its contents survive an unmap
+// and a map elsewhere, as device memory does); an address reservation is PROT_NONE host
+// address space.
+struct Physical {
+  int device;
+  size_t size;
+  int fd;
+  int mappings = 0;
+  bool released = false;  // freed when its last mapping goes, as the driver does
+};
+
+struct Mapping {
+  size_t size;
+  CUmemGenericAllocationHandle handle;
+  bool accessible = false;
 };
 
 struct State {
@@ -318,6 +346,10 @@ struct State {
   std::map<uintptr_t, PoolAllocation> pool_allocations;
   std::map<uintptr_t, Chunk*> chunks;  // by base address, to validate copies
   std::map<uintptr_t, HostAllocation> host;
+  std::map<uintptr_t, size_t> reservations;  // cuMemAddressReserve: base -> size
+  std::map<CUmemGenericAllocationHandle, Physical> physical;
+  std::map<uintptr_t, Mapping> mappings;  // by address
+  CUmemGenericAllocationHandle next_handle = 1;
   std::unordered_map<CUstream, std::unique_ptr<CUstream_st>> streams;
   std::unordered_map<CUevent, std::unique_ptr<CUevent_st>> events;
   std::unordered_map<CUgraph, std::unique_ptr<CUgraph_st>> graphs;
@@ -385,6 +417,11 @@ void releaseEverything(State& s) {
   for (auto& [base, allocation] : s.plain) munmap(reinterpret_cast<void*>(base), allocation.size);
   for (auto& [base, chunk] : s.chunks) munmap(reinterpret_cast<void*>(base), chunk->size);
   for (auto& [base, allocation] : s.host) std::free(reinterpret_cast<void*>(base));
+  for (auto& [base, size] : s.reservations) munmap(reinterpret_cast<void*>(base), size);
+  for (auto& [handle, physical] : s.physical) close(physical.fd);
+  s.reservations.clear();
+  s.physical.clear();
+  s.mappings.clear();
   s.plain.clear();
   s.pool_allocations.clear();
   s.chunks.clear();
@@ -538,7 +575,7 @@ CUresult resolveEvent(State& s, CUevent handle, CUevent_st** out) {
 // ---- memory pools -------------------------------------------------------------------------------
 
 size_t consumption(const State& s, int device) {
-  size_t total = s.devices[device].plain_bytes;
+  size_t total = s.devices[device].plain_bytes + s.devices[device].vmm_bytes;
   for (const auto& pool : s.pools) {
     if (pool->device == device) total += pool->reserved;
   }
@@ -768,6 +805,25 @@ Memory classify(const State& s, uintptr_t p, size_t n) {
     if (within(chunk->first, chunk->second->size)) {
       return fits(chunk->first, chunk->second->size) ? Memory::Device : Memory::Invalid;
     }
+  }
+  // A VMM range: device memory while every byte of it is mapped with access, in mappings that
+  // follow each other.
+  auto mapping = s.mappings.upper_bound(p);
+  if (mapping != s.mappings.begin()) {
+    --mapping;
+    if (within(mapping->first, mapping->second.size)) {
+      uintptr_t at = p;
+      const uintptr_t end = p + n;
+      while (mapping != s.mappings.end() && mapping->first <= at && mapping->second.accessible) {
+        at = mapping->first + mapping->second.size;
+        if (at >= end) return Memory::Device;
+        ++mapping;
+      }
+      return Memory::Invalid;
+    }
+  }
+  for (const auto& [base, size] : s.reservations) {
+    if (within(base, size)) return Memory::Invalid;  // reserved, not mapped
   }
   return Memory::Host;
 }
@@ -1196,6 +1252,7 @@ CUDADOUBLE_API CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attr
         *value = 132;
         break;
       case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+      case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
         *value = 1;
         break;
       case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
@@ -2333,6 +2390,200 @@ CUDADOUBLE_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute at
 
 // ================================ control API ===================================================
 
+// ---- virtual memory management ----------------------------------------------------------------
+
+namespace {
+
+constexpr size_t kVmmGranularity = 2u << 20;
+
+bool validLocation(const State& s, const CUmemLocation& location) {
+  return location.type == CU_MEM_LOCATION_TYPE_DEVICE && validDevice(s, location.id);
+}
+
+// The mapping that starts at `va`, or end().
+std::map<uintptr_t, Mapping>::iterator mappingAt(State& s, uintptr_t va) {
+  return s.mappings.find(va);
+}
+
+bool insideReservation(const State& s, uintptr_t va, size_t size) {
+  auto it = s.reservations.upper_bound(va);
+  if (it == s.reservations.begin()) return false;
+  --it;
+  return va >= it->first && va - it->first <= it->second && size <= it->second - (va - it->first);
+}
+
+bool overlapsMapping(const State& s, uintptr_t va, size_t size) {
+  auto it = s.mappings.lower_bound(va);
+  if (it != s.mappings.end() && it->first < va + size) return true;
+  if (it != s.mappings.begin()) {
+    --it;
+    if (it->first + it->second.size > va) return true;
+  }
+  return false;
+}
+
+void dropPhysical(State& s, std::map<CUmemGenericAllocationHandle, Physical>::iterator it) {
+  s.devices[it->second.device].vmm_bytes -= it->second.size;
+  close(it->second.fd);
+  s.physical.erase(it);
+}
+
+}  // namespace
+
+CUDADOUBLE_API CUresult cuMemGetAllocationGranularity(size_t* granularity,
+                                                      const CUmemAllocationProp* prop,
+                                                      CUmemAllocationGranularity_flags) {
+  return guarded(entry::cuMemGetAllocationGranularity, [&](State& s) {
+    if (granularity == nullptr || prop == nullptr || !validLocation(s, prop->location))
+      return CUDA_ERROR_INVALID_VALUE;
+    *granularity = kVmmGranularity;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUDADOUBLE_API CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
+                                            CUdeviceptr addr, unsigned long long flags) {
+  return guarded(entry::cuMemAddressReserve, [&](State& s) {
+    if (ptr == nullptr || size == 0 || size % kVmmGranularity != 0 || flags != 0 ||
+        (alignment != 0 && alignment % kVmmGranularity != 0))
+      return CUDA_ERROR_INVALID_VALUE;
+    (void)addr;  // a hint only
+    const size_t align = std::max(alignment, kVmmGranularity);
+    // Reserve more and keep the aligned part.
+    void* p =
+        mmap(nullptr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    const uintptr_t raw = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t base = (raw + align - 1) / align * align;
+    if (base > raw) munmap(p, base - raw);
+    if (raw + size + align > base + size)
+      munmap(reinterpret_cast<void*>(base + size), raw + size + align - (base + size));
+    s.reservations.emplace(base, size);
+    *ptr = static_cast<CUdeviceptr>(base);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUDADOUBLE_API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  return guarded(entry::cuMemAddressFree, [&](State& s) {
+    auto it = s.reservations.find(address(ptr));
+    if (it == s.reservations.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
+    if (overlapsMapping(s, it->first, size)) return CUDA_ERROR_INVALID_VALUE;  // still mapped
+    munmap(reinterpret_cast<void*>(it->first), size);
+    s.reservations.erase(it);
+    return CUDA_SUCCESS;
+  });
+}
+
+CUDADOUBLE_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                                    const CUmemAllocationProp* prop, unsigned long long flags) {
+  return guarded(entry::cuMemCreate, [&](State& s) {
+    if (handle == nullptr || prop == nullptr || flags != 0 || size == 0 ||
+        size % kVmmGranularity != 0 || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+        !validLocation(s, prop->location))
+      return CUDA_ERROR_INVALID_VALUE;
+    const int d = prop->location.id;
+    const size_t consumed = consumption(s, d);
+    if (size > s.devices[d].capacity || consumed > s.devices[d].capacity - size)
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    const int fd = memfd_create("cudadouble-vmm", MFD_CLOEXEC);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      close(fd);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    const CUmemGenericAllocationHandle h = s.next_handle++;
+    s.physical.emplace(h, Physical{d, size, fd});
+    s.devices[d].vmm_bytes += size;
+    *handle = h;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUDADOUBLE_API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  return guarded(entry::cuMemRelease, [&](State& s) {
+    auto it = s.physical.find(handle);
+    if (it == s.physical.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
+    if (it->second.mappings > 0) {
+      it->second.released = true;  // goes with its last mapping
+    } else {
+      dropPhysical(s, it);
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+CUDADOUBLE_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                                 CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  return guarded(entry::cuMemMap, [&](State& s) {
+    auto it = s.physical.find(handle);
+    const uintptr_t va = address(ptr);
+    if (it == s.physical.end() || it->second.released || flags != 0 || offset != 0 ||
+        size != it->second.size || va % kVmmGranularity != 0 || !insideReservation(s, va, size) ||
+        overlapsMapping(s, va, size))
+      return CUDA_ERROR_INVALID_VALUE;
+    void* p = mmap(reinterpret_cast<void*>(va), size, PROT_NONE, MAP_SHARED | MAP_FIXED,
+                   it->second.fd, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    ++it->second.mappings;
+    s.mappings.emplace(va, Mapping{size, handle});
+    return CUDA_SUCCESS;
+  });
+}
+
+CUDADOUBLE_API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc,
+                                       size_t count) {
+  return guarded(entry::cuMemSetAccess, [&](State& s) {
+    if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; ++i) {
+      if (!validLocation(s, desc[i].location)) return CUDA_ERROR_INVALID_DEVICE;
+    }
+    // The range must be covered by whole mappings that follow each other.
+    const uintptr_t va = address(ptr);
+    auto it = mappingAt(s, va);
+    uintptr_t at = va;
+    std::vector<Mapping*> covered;
+    while (at < va + size) {
+      if (it == s.mappings.end() || it->first != at) return CUDA_ERROR_INVALID_VALUE;
+      covered.push_back(&it->second);
+      at += it->second.size;
+      ++it;
+    }
+    if (at != va + size) return CUDA_ERROR_INVALID_VALUE;
+    const bool rw = desc[count - 1].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (mprotect(reinterpret_cast<void*>(va), size, rw ? PROT_READ | PROT_WRITE : PROT_NONE) != 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    for (Mapping* m : covered) m->accessible = rw;
+    return CUDA_SUCCESS;
+  });
+}
+
+CUDADOUBLE_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  return guarded(entry::cuMemUnmap, [&](State& s) {
+    const uintptr_t va = address(ptr);
+    auto it = mappingAt(s, va);
+    uintptr_t at = va;
+    std::vector<std::map<uintptr_t, Mapping>::iterator> covered;
+    while (at < va + size) {
+      if (it == s.mappings.end() || it->first != at) return CUDA_ERROR_INVALID_VALUE;
+      covered.push_back(it);
+      at += it->second.size;
+      ++it;
+    }
+    if (at != va + size) return CUDA_ERROR_INVALID_VALUE;
+    // Back to reserved address space (the file's pages stay with the file).
+    mmap(reinterpret_cast<void*>(va), size, PROT_NONE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    for (auto m : covered) {
+      auto phys = s.physical.find(m->second.handle);
+      --phys->second.mappings;
+      if (phys->second.released && phys->second.mappings == 0) dropPhysical(s, phys);
+      s.mappings.erase(m);
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
 CUDADOUBLE_API void cudadouble_reset(int devices, size_t capacity_per_device) {
   std::lock_guard<std::mutex> lock(g_mutex);
   start(rawState(), devices, capacity_per_device);
@@ -2349,6 +2600,10 @@ CUDADOUBLE_API int cudadouble_device_stats(int device, struct cudadouble_device_
   out->capacity = dev.capacity;
   out->plain_count = dev.plain_count;
   out->plain_bytes = dev.plain_bytes;
+  out->vmm_bytes = dev.vmm_bytes;
+  for (const auto& [base, m] : s.mappings) {
+    if (s.physical.at(m.handle).device == device) out->vmm_mapped_bytes += m.size;
+  }
   for (const auto& pool : s.pools) {
     if (pool->device != device) continue;
     if (!pool->is_default && !pool->destroyed) ++out->pool_count;

@@ -24,6 +24,12 @@
  *   without a release pass.
  * - The last cuDevicePrimaryCtxRelease of a device, like cuDevicePrimaryCtxReset, frees its
  *   plain allocations, pools, streams and events and empties its default pool.
+ * - Virtual memory management: cuMemCreate makes physical memory of a multiple of 2 MiB (the
+ *   granularity; it counts in consumption until cuMemRelease, or until its last unmapping after
+ *   that); cuMemAddressReserve reserves address space; cuMemMap maps a whole handle at a 2 MiB
+ *   aligned address inside a reservation; its range is device memory (to copies and sets) once
+ *   cuMemSetAccess gave read-write access. The contents stay with the handle: unmapped and
+ *   mapped elsewhere, it holds what was written. VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 1.
  * - Stream capture follows cuThreadExchangeStreamCaptureMode: a thread in GLOBAL mode may not
  *   call cuMemAlloc, cuMemFree (non-null) or cuCtxSynchronize during its own non-relaxed
  *   capture or another thread's GLOBAL capture; in THREAD_LOCAL mode only its own counts; in
@@ -49,6 +55,8 @@ struct cudadouble_device_stats {
   size_t plain_bytes;        /* their sizes, each rounded up to 512 bytes */
   size_t pool_count;         /* app-created pools not yet destroyed (the default pool excluded) */
   size_t pending_free_count; /* cuMemFreeAsync ranges not yet synchronized, in all its pools */
+  size_t vmm_bytes;          /* cuMemCreate'd physical memory not yet released (in consumption) */
+  size_t vmm_mapped_bytes;   /* of which mapped (cuMemMap) now */
 };
 
 /* The function below shares the struct's name, so C++ must spell the type `struct ...`;

@@ -124,8 +124,8 @@ void oom_huge() {
 
 void oom_then_recover() {
   // Hold about 3/4 of the device in 12 blocks, free them, then ask for half of it in one
-  // piece. Natively the memory went back to the driver; under the shim the pool must trim its
-  // cached blocks and retry, and leave no error behind.
+  // piece. Natively the memory went back to the driver; under the shim the freed blocks must
+  // serve it (merged in the paged arena) or be trimmed for a retry, and leave no error behind.
   const size_t block = g_total / 16;
   std::vector<void*> blocks;
   for (int i = 0; i < 12; ++i) {

@@ -2,11 +2,13 @@
 // aligned, a gap after each), with a budget, and a record of what was reserved and released.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <utility>
 #include <vector>
 
+#include "page_map.h"
 #include "segment_allocator.h"
 
 namespace poolshim::testing {
@@ -33,6 +35,63 @@ struct CountingSource : SegmentSource {
   void release(CUdeviceptr base, std::uint64_t bytes) override {
     std::lock_guard<std::mutex> lock(mutex);
     released.emplace_back(base, bytes);
+  }
+};
+
+}  // namespace poolshim::testing
+
+namespace poolshim::testing {
+
+/// A PhysicalMemory for the page map's tests: addresses from a counter, handles numbered, a
+/// budget for physical bytes, and a record of every call.
+struct CountingPhysical : PhysicalMemory {
+  CUdeviceptr next_va = 0x100000000;
+  std::uint64_t budget = ~0ULL;  // physical bytes it may still make
+  std::uint64_t held = 0;
+  std::uint64_t held_peak = 0;
+  CUmemGenericAllocationHandle next_handle = 1;
+  std::vector<std::pair<CUdeviceptr, std::uint64_t>> reserved;
+  std::vector<std::pair<CUdeviceptr, std::uint64_t>> unreserved;
+  std::vector<CUmemGenericAllocationHandle> created;
+  std::vector<CUmemGenericAllocationHandle> destroyed;
+  std::vector<std::pair<CUdeviceptr, CUmemGenericAllocationHandle>> maps;
+  std::vector<CUdeviceptr> unmaps;
+  std::mutex mutex;
+  CUresult reserve(std::uint64_t bytes, CUdeviceptr* out) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    *out = next_va;
+    reserved.emplace_back(next_va, bytes);
+    next_va += bytes + (std::uint64_t{1} << 30);
+    return CUDA_SUCCESS;
+  }
+  void unreserve(CUdeviceptr base, std::uint64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    unreserved.emplace_back(base, bytes);
+  }
+  CUresult create(std::uint64_t bytes, CUmemGenericAllocationHandle* out) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (bytes > budget) return CUDA_ERROR_OUT_OF_MEMORY;
+    budget -= bytes;
+    held += bytes;
+    held_peak = std::max(held_peak, held);
+    *out = next_handle++;
+    created.push_back(*out);
+    return CUDA_SUCCESS;
+  }
+  void destroy(CUmemGenericAllocationHandle h, std::uint64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    held -= bytes;
+    budget += bytes;
+    destroyed.push_back(h);
+  }
+  CUresult map(CUdeviceptr va, std::uint64_t, CUmemGenericAllocationHandle h) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    maps.emplace_back(va, h);
+    return CUDA_SUCCESS;
+  }
+  void unmap(CUdeviceptr va, std::uint64_t) override {
+    std::lock_guard<std::mutex> lock(mutex);
+    unmaps.push_back(va);
   }
 };
 

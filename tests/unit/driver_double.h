@@ -146,6 +146,13 @@ inline Config without_cache(Config c = Config::defaults()) {
   return c;
 }
 
+// Large blocks from segments of the pool, not from the paged arenas (page = 0): the tests of the
+// segment path's exact figures.
+inline Config with_segments(Config c = Config::defaults()) {
+  c.page = SizeValue{};
+  return c;
+}
+
 inline std::vector<Event> drain(EventQueue& q) {
   std::vector<Event> out;
   q.drain(out);

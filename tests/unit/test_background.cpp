@@ -91,7 +91,7 @@ TEST_CASE("log file: a symbolic link is refused with a sentence saying so") {
 }
 
 TEST_CASE("worker: start, sample and exit records with the pool's figures") {
-  Rig rig(1, 64 * MiB);
+  Rig rig(1, 64 * MiB, testing::with_segments());
   auto& [d, config, events, router] = rig;
   const std::string path = temp_path("records");
   std::remove(path.c_str());
@@ -135,7 +135,7 @@ TEST_CASE("worker: start, sample and exit records with the pool's figures") {
 }
 
 TEST_CASE("worker: an OOM event becomes an oom record with verdict and hint") {
-  Rig rig(1, 16 * MiB);
+  Rig rig(1, 16 * MiB, testing::with_segments());
   auto& [d, config, events, router] = rig;
   const std::string path = temp_path("oom");
   std::remove(path.c_str());
@@ -158,7 +158,7 @@ TEST_CASE("worker: an OOM event becomes an oom record with verdict and hint") {
 }
 
 TEST_CASE("worker: an idle pool is trimmed gradually down to the release threshold") {
-  Config c = Config::defaults();
+  Config c = testing::with_segments();
   c.idle_trim_ms = 1000;
   c.cache = *parse_size("1G", true);  // the heap keeps its free segments until the idle trim
   Rig rig(1, 64 * MiB, c);
@@ -191,7 +191,7 @@ TEST_CASE("worker: an idle pool is trimmed gradually down to the release thresho
 }
 
 TEST_CASE("worker: release_threshold keeps that much unused memory cached") {
-  Config c = Config::defaults();
+  Config c = testing::with_segments();
   c.idle_trim_ms = 1000;
   c.release_threshold = *parse_size("12M", true);
   c.cache = *parse_size("1G", true);

@@ -120,7 +120,7 @@ TEST_CASE("heap: sizes that change from call to call reuse one segment") {
 TEST_CASE(
     "heap: a block freed on a stream serves that stream at once, another stream only after a "
     "fence") {
-  Rig rig(1, 64 * MiB);
+  Rig rig(1, 64 * MiB, testing::with_segments());
   auto& [d, config, events, router] = rig;
   StreamRegistry streams;
   streams_without_event_fences(rig, streams);
@@ -384,7 +384,7 @@ TEST_CASE(
 }
 
 TEST_CASE("heap: out of memory gives whole free segments back to the pool before the retry") {
-  Rig rig(1, 64 * MiB, with_cache(64 * MiB));
+  Rig rig(1, 64 * MiB, with_cache(64 * MiB, testing::with_segments()));
   auto& [d, config, events, router] = rig;
   RealStub real;
   freed_block(router, 40 * MiB, real);
@@ -540,7 +540,7 @@ TEST_CASE(
 }
 
 TEST_CASE("heap: under 64 MiB waiting for a fence, a miss grows instead of stalling the host") {
-  Rig rig(1, 512 * MiB, with_cache(512 * MiB));
+  Rig rig(1, 512 * MiB, with_cache(512 * MiB, testing::with_segments()));
   auto& [d, config, events, router] = rig;
   StreamRegistry streams;
   wait_then_ask_elsewhere(rig, streams, 4);  // 48 MiB waiting

@@ -92,7 +92,7 @@ TEST_CASE("router: a pointer the pool did not hand out goes to the real cudaFree
 }
 
 TEST_CASE("router: out of memory with enough unused pool memory is trimmed and retried") {
-  Rig rig(1, 16 * MiB);
+  Rig rig(1, 16 * MiB, testing::with_segments());
   auto& [d, config, events, router] = rig;
   RealStub real;
   std::vector<void*> blocks(8);
@@ -113,7 +113,7 @@ TEST_CASE("router: out of memory with enough unused pool memory is trimmed and r
 }
 
 TEST_CASE("router: with oom_retry off the real function's OOM stands, counted as fragmentation") {
-  Config c = Config::defaults();
+  Config c = testing::with_segments();
   c.oom_retry = false;
   Rig rig(1, 16 * MiB, c);
   auto& [d, config, events, router] = rig;
@@ -172,7 +172,7 @@ TEST_CASE(
 }
 
 TEST_CASE("router: an allocation the pool cannot serve but the real function can is a fallback") {
-  Config c = Config::defaults();
+  Config c = testing::with_segments();
   c.oom_retry = false;
   Rig rig(1, 16 * MiB, c);
   auto& [d, config, events, router] = rig;
@@ -554,7 +554,7 @@ TEST_CASE("router: peer access opens the peer's pool, also one made afterwards")
 }
 
 TEST_CASE("router: a capped pool refuses growth past the cap with the native error") {
-  Config c = Config::defaults();
+  Config c = testing::with_segments();
   c.limit = *parse_size("16M", true);
   Rig rig(1, 64 * MiB, c);
   auto& [d, config, events, router] = rig;
