@@ -73,6 +73,11 @@ def clean_environment():
 def with_shim(env, library, log_template):
     env = dict(env)
     env["LD_PRELOAD"] = library
+    # POOLSHIM_TEST_CONF: options for every run under the shim (a suite run with, say,
+    # page=20M), as POOLSHIM_CONF unless a case sets its own.
+    extra = os.environ.get("POOLSHIM_TEST_CONF")
+    if extra and "POOLSHIM_CONF" not in env:
+        env["POOLSHIM_CONF"] = extra
     if log_template is not None and "POOLSHIM_LOG" not in env:
         env["POOLSHIM_LOG"] = log_template
     return env

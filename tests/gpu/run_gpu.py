@@ -366,8 +366,14 @@ class Suite:
                 self.case(f"a ThreadSanitizer-built {name} runs under the shim [{runtime}]", tsan)
 
         def exit_snapshot():
-            native = run_process([self.binary("host_edges", "shared"), "exit_while_allocating", "4"], self.env(), 120)
-            expect_equal(native.rc, 0, f"native exit status\n{native.describe()}")
+            # Natively, a cudaMalloc still in progress while exit() tears the runtime down can
+            # crash the process (SIGSEGV, seen once in a suite run on the H200): the program is
+            # valid when one of three native runs exits 0.
+            for _ in range(3):
+                native = run_process([self.binary("host_edges", "shared"), "exit_while_allocating", "4"], self.env(), 120)
+                if native.rc == 0:
+                    break
+            expect_equal(native.rc, 0, f"native exit status (3 runs)\n{native.describe()}")
             for attempt in range(5):
                 folder = self.logdir(f"exit-snapshot-{attempt}")
                 shim = run_process([self.binary("host_edges", "shared"), "exit_while_allocating", "4"],
