@@ -48,12 +48,12 @@ namespace poolshim {
     "Free memory the heap keeps beyond the memory in use: whole free segments per device, and "    \
     "mapped free pages per paged arena (past them a request first moves free pages); more go "     \
     "back every tick of the background thread (bytes with K/M/G/T, or % of device memory).")       \
-  X(page, Size, "0",                                                                               \
+  X(page, Size, "20M",                                                                             \
     "Page of the heap's paged large arenas: requests over 1 MiB are placed in one range of "       \
     "reserved addresses per arena and only the pages under blocks in use (and `cache` more) are "  \
     "backed by device memory (cuMemCreate/cuMemMap); free pages move to where memory is needed. "  \
-    "0 (the default until the GPU tests ran with it): large blocks from segments of the pool. "    \
-    "Used on a single-device process whose device supports virtual memory management.")            \
+    "Used on a single-device process whose device supports virtual memory management; 0 (and "     \
+    "elsewhere): large blocks from segments of the pool.")                                         \
   X(legacy_reuse, Bool, "1",                                                                       \
     "1: a block freed in the legacy default stream's order (cudaFree in free mode ordered while "  \
     "its device has no non-blocking stream, or cudaFreeAsync on stream 0) serves the next "        \

@@ -20,19 +20,16 @@ void DeviceHeap::release_pages() {
   }
 }
 
-PageMap::Stats DeviceHeap::page_stats() const {
-  PageMap::Stats sum;
+std::uint64_t DeviceHeap::pages_held(std::uint64_t* peak) const {
+  std::uint64_t held = 0;
+  std::uint64_t high = 0;
   for (const auto& p : pages_) {
     if (!p) continue;
-    const PageMap::Stats s = p->stats();
-    sum.mapped += s.mapped;
-    sum.mapped_peak += s.mapped_peak;
-    sum.maps += s.maps;
-    sum.unmaps += s.unmaps;
-    sum.creates += s.creates;
-    sum.destroys += s.destroys;
+    held += p->held_bytes();
+    high += p->held_peak();
   }
-  return sum;
+  if (peak != nullptr) *peak = high;
+  return held;
 }
 
 int DeviceHeap::arena_for(std::uintptr_t token) {

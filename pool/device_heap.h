@@ -71,8 +71,9 @@ class DeviceHeap {
   void release_pages();
   /// Whether large blocks come from paged arenas.
   bool paged() const { return pages_[0] != nullptr; }
-  /// The paged arenas' page maps' statistics added up.
-  PageMap::Stats page_stats() const;
+  /// Physical bytes the page maps hold, and (`peak`, when given) the sum of their peaks,
+  /// lock-free.
+  std::uint64_t pages_held(std::uint64_t* peak = nullptr) const;
 
   /// Sums over the arenas (lock-free figures, see SegmentAllocator).
   std::uint64_t free_bytes() const;

@@ -179,11 +179,14 @@ PoolUsage DevicePool::usage() const {
             attribute(CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &u.used) &&
             attribute(CU_MEMPOOL_ATTR_USED_MEM_HIGH, &u.used_high);
   if (u.valid && heap_ && heap_->paged()) {
-    const PageMap::Stats pages = heap_->page_stats();
-    u.reserved += pages.mapped;
-    u.used += pages.mapped;
-    u.reserved_high += pages.mapped_peak;
-    u.used_high += pages.mapped_peak;
+    // The pages' memory, mapped or about to be destroyed, as the device counts it (lock-free:
+    // cudaMemGetInfo and the samples never wait for a trim that destroys pages).
+    std::uint64_t peak = 0;
+    const std::uint64_t held = heap_->pages_held(&peak);
+    u.reserved += held;
+    u.used += held;
+    u.reserved_high += peak;
+    u.used_high += peak;
   }
   return u;
 }

@@ -1,5 +1,7 @@
 #include "page_map.h"
 
+#include "atomic_max.h"
+
 #include <algorithm>
 
 namespace poolshim {
@@ -23,6 +25,7 @@ PageMap::PageMap(PhysicalMemory& physical, std::uint64_t page, std::uint64_t spa
   // Reserved once here, so that no claim or commit ever allocates.
   spare_.reserve(pages_);
   claimed_.reserve(pages_);
+  fresh_.reserve(pages_);
 }
 
 PageMap::~PageMap() {
@@ -36,6 +39,7 @@ void PageMap::release_all() {
     physical_.unmap(base_ + i * page_, page_);
     physical_.destroy(handles_[i], page_);
     handles_[i] = 0;
+    set_bit(i, false);
   }
   for (auto h : spare_) physical_.destroy(h, page_);
   spare_.clear();
@@ -43,6 +47,7 @@ void PageMap::release_all() {
   if (base_ != 0) physical_.unreserve(base_, span_);
   base_ = 0;
   mapped_.store(0, std::memory_order_relaxed);
+  held_.store(0, std::memory_order_relaxed);
 }
 
 CUresult PageMap::reserve() {
@@ -83,6 +88,8 @@ std::uint64_t PageMap::unmapped_bytes(CUdeviceptr p, std::uint64_t n) const {
 
 CUresult PageMap::commit(CUdeviceptr p, std::uint64_t n) {
   if (n == 0) return CUDA_SUCCESS;
+  CUresult r = CUDA_SUCCESS;
+  fresh_.clear();
   for (std::size_t i = index(p), last = index(p + n - 1); i <= last; ++i) {
     if (handles_[i] != 0) continue;
     CUmemGenericAllocationHandle h = 0;
@@ -90,22 +97,36 @@ CUresult PageMap::commit(CUdeviceptr p, std::uint64_t n) {
       h = spare_.back();
       spare_.pop_back();
     } else {
-      const CUresult r = physical_.create(page_, &h);
-      if (r != CUDA_SUCCESS) return r;
+      r = physical_.create(page_, &h);
+      if (r != CUDA_SUCCESS) break;
       ++stats_.creates;
+      raise_to(held_peak_, held_.fetch_add(page_, std::memory_order_relaxed) + page_);
     }
-    const CUresult r = physical_.map(base_ + i * page_, page_, h);
+    r = physical_.map(base_ + i * page_, page_, h);
     if (r != CUDA_SUCCESS) {
       spare_.push_back(h);
-      return r;
+      break;
     }
     handles_[i] = h;
+    fresh_.push_back(i);
     ++stats_.maps;
     const std::uint64_t now = mapped_.fetch_add(page_, std::memory_order_relaxed) + page_;
     stats_.mapped_peak = std::max(stats_.mapped_peak, now);
     set_bit(i, true);
   }
-  return CUDA_SUCCESS;
+  if (r == CUDA_SUCCESS) return r;
+  // Undo this call's mappings, keeping their memory spare: nothing has used them (the caller
+  // holds the block under them alone and has not handed it out).
+  for (std::size_t i : fresh_) {
+    set_bit(i, false);
+    physical_.unmap(base_ + i * page_, page_);
+    spare_.push_back(handles_[i]);
+    handles_[i] = 0;
+    ++stats_.unmaps;
+    mapped_.fetch_sub(page_, std::memory_order_relaxed);
+  }
+  fresh_.clear();
+  return r;
 }
 
 std::uint64_t PageMap::claim(CUdeviceptr p, std::uint64_t n, std::uint64_t want) {
@@ -137,6 +158,7 @@ void PageMap::unmap_claimed() {
 void PageMap::drop_spare() {
   for (auto h : spare_) {
     physical_.destroy(h, page_);
+    held_.fetch_sub(page_, std::memory_order_relaxed);
     ++stats_.destroys;
   }
   spare_.clear();
@@ -146,6 +168,8 @@ PageMap::Stats PageMap::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   Stats s = stats_;
   s.mapped = mapped_.load(std::memory_order_relaxed);
+  s.held = held_.load(std::memory_order_relaxed);
+  s.held_peak = held_peak_.load(std::memory_order_relaxed);
   return s;
 }
 

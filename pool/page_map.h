@@ -44,6 +44,8 @@ class PageMap {
   struct Stats {
     std::uint64_t mapped = 0;  // bytes mapped now
     std::uint64_t mapped_peak = 0;
+    std::uint64_t held = 0;  // physical bytes held now: mapped, claimed or spare
+    std::uint64_t held_peak = 0;
     std::uint64_t maps = 0;  // running totals of pages
     std::uint64_t unmaps = 0;
     std::uint64_t creates = 0;  // physical pages made and destroyed
@@ -71,7 +73,9 @@ class PageMap {
 
   std::mutex& mutex() { return mutex_; }
   /// Maps every page under [p, p + n) that is not: with a claimed page's memory where one is
-  /// spare, else with new memory. Under mutex(). On failure the pages mapped so far stay.
+  /// spare, else with new memory. Under mutex(). On failure nothing stays mapped that was not
+  /// before (what it mapped becomes spare: drop_spare() gives it back), so that a request the
+  /// device cannot back leaves no memory behind it.
   CUresult commit(CUdeviceptr p, std::uint64_t n);
   /// Claims mapped pages wholly inside [p, p + n), highest first, until `want` bytes are
   /// claimed; returns the bytes claimed. Under mutex() and the allocator's lock.
@@ -82,6 +86,11 @@ class PageMap {
   void drop_spare();
 
   std::uint64_t mapped_bytes() const { return mapped_.load(std::memory_order_relaxed); }
+  /// Physical bytes held (mapped, claimed, or spare until drop_spare()): what the device
+  /// counts as used, lock-free, so that cudaMemGetInfo never waits for a trim.
+  std::uint64_t held_bytes() const { return held_.load(std::memory_order_relaxed); }
+  std::uint64_t held_peak() const { return held_peak_.load(std::memory_order_relaxed); }
+  /// The running totals (takes mutex(): never while holding it).
   Stats stats() const;
   /// Unmaps and destroys every page and gives the addresses back (before a device reset); a
   /// later reserve() reserves anew.
@@ -107,8 +116,11 @@ class PageMap {
   std::vector<CUmemGenericAllocationHandle> handles_;  // by page, 0 when unmapped
   std::vector<CUmemGenericAllocationHandle> spare_;    // unmapped memory, for the next commit
   std::vector<std::size_t> claimed_;                   // pages claimed, not yet unmapped
+  std::vector<std::size_t> fresh_;                     // pages the running commit mapped
   std::atomic<std::uint64_t> mapped_{0};
-  Stats stats_;  // under mutex_ (mapped: mapped_)
+  std::atomic<std::uint64_t> held_{0};
+  std::atomic<std::uint64_t> held_peak_{0};
+  Stats stats_;  // under mutex_ (mapped, held: the atomics)
 };
 
 }  // namespace poolshim

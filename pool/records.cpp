@@ -133,8 +133,11 @@ const char* oom_verdict(const OomReport& r) {
   const std::uint64_t unused = r.reserved > r.used ? r.reserved - r.used : 0;
   // Memory held by the pool, unused, but not in a piece that fits: fragmentation.
   if (unused >= r.request) return "fragmentation";
-  const std::uint64_t headroom = r.cap > r.used ? r.cap - r.used : 0;
-  if (r.cap > 0 && headroom < r.request) return "cap";
+  // The pool would have to grow past the cap: what the pool holds unused does not fit the
+  // request (above), and the cap leaves less than the request to reserve. (Unused memory in
+  // pieces counts against the cap too: a partial page of the paged arena, say.)
+  const std::uint64_t room = r.cap > r.reserved ? r.cap - r.reserved : 0;
+  if (r.cap > 0 && room < r.request) return "cap";
   // The device had the memory free, but not usable for this request.
   if (r.device_info_valid && r.device_free >= r.request) return "fragmentation";
   return "exhausted";
@@ -144,9 +147,11 @@ std::string oom_hint(const OomReport& r) {
   const std::uint64_t unused = r.reserved > r.used ? r.reserved - r.used : 0;
   const std::string verdict = oom_verdict(r);
   if (verdict == "cap") {
-    const std::uint64_t headroom = r.cap > r.used ? r.cap - r.used : 0;
-    return "the cap (POOLSHIM_LIMIT, " + format_bytes(r.cap) + ") leaves " +
-           format_bytes(headroom) + " for a request of " + format_bytes(r.request) +
+    const std::uint64_t room = r.cap > r.reserved ? r.cap - r.reserved : 0;
+    const std::string pieces =
+        unused > 0 ? " unreserved, and the pool " + format_bytes(unused) + " unused," : "";
+    return "the cap (POOLSHIM_LIMIT, " + format_bytes(r.cap) + ") leaves " + format_bytes(room) +
+           pieces + " for a request of " + format_bytes(r.request) +
            ": this is the out-of-memory a device of that size would give; raise or unset the "
            "cap to go on";
   }

@@ -242,7 +242,7 @@ void SegmentAllocator::note_allocated(std::uint64_t size) {
 }
 
 std::uint64_t SegmentAllocator::reserved_now() const {
-  return stats_.reserved + (pages_ != nullptr ? pages_->mapped_bytes() : 0);
+  return stats_.reserved + (pages_ != nullptr ? pages_->held_bytes() : 0);
 }
 
 void SegmentAllocator::publish() {

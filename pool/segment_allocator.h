@@ -171,7 +171,7 @@ class SegmentAllocator {
   /// Claims and unmaps up to `want` bytes of pages wholly inside free blocks of the range that
   /// are ready at `completed`, highest first. Under the page map's mutex; takes the lock.
   std::uint64_t harvest(std::uint64_t want, std::uint64_t completed);
-  std::uint64_t reserved_now() const;  // segments plus mapped pages (under the lock)
+  std::uint64_t reserved_now() const;  // segments plus held pages (under the lock)
   Node* search(Arena& arena, std::uint64_t size, std::uintptr_t affinity, std::uint64_t completed);
   Node* carve(Arena& arena, Node* node, std::uint64_t size);
   /// The new segment's one free node; nullptr (and the segment given back) without descriptors.

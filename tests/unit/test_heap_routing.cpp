@@ -529,7 +529,7 @@ TEST_CASE("heap: an idle trim synchronizes once for blocks no event fence can re
 TEST_CASE(
     "heap: bounded memory: when 64 MiB or more only wait for a fence, a miss synchronizes once "
     "instead of growing") {
-  Rig rig(1, 512 * MiB, with_cache(512 * MiB));
+  Rig rig(1, 512 * MiB, with_cache(512 * MiB, testing::with_segments()));
   auto& [d, config, events, router] = rig;
   StreamRegistry streams;
   wait_then_ask_elsewhere(rig, streams, 6);  // 72 MiB waiting

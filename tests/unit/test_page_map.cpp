@@ -92,21 +92,37 @@ TEST_CASE("pages: spare memory a commit did not use is destroyed") {
   pages.unmap_claimed();
   REQUIRE(pages.commit(pages.base() + 32 * MiB, 8 * MiB) == CUDA_SUCCESS);  // uses one
   CHECK(physical.held == 24 * MiB);
+  CHECK(pages.held_bytes() == 24 * MiB);  // 8 mapped, 16 spare
+  CHECK(pages.mapped_bytes() == 8 * MiB);
   pages.drop_spare();
   CHECK(physical.held == 8 * MiB);
+  CHECK(pages.held_bytes() == 8 * MiB);
   CHECK(physical.destroyed.size() == 2);
 }
 
-TEST_CASE("pages: out of memory keeps the pages mapped so far and answers the error") {
+TEST_CASE("pages: out of memory undoes the commit's own mappings and answers the error") {
   CountingPhysical physical;
-  physical.budget = 16 * MiB;
+  physical.budget = 24 * MiB;
   PageMap pages(physical, kPage, 64 * MiB);
   REQUIRE(pages.reserve() == CUDA_SUCCESS);
+  const CUdeviceptr base = pages.base();
   std::lock_guard<std::mutex> lock(pages.mutex());
-  CHECK(pages.commit(pages.base(), 24 * MiB) == CUDA_ERROR_OUT_OF_MEMORY);
-  CHECK(pages.mapped_bytes() == 16 * MiB);
-  CHECK(pages.mapped(pages.base(), 16 * MiB));
-  CHECK_FALSE(pages.mapped(pages.base(), 24 * MiB));
+  REQUIRE(pages.commit(base + 8 * MiB, 8 * MiB) == CUDA_SUCCESS);  // page 1, before
+  // Pages 0-3: 0 and 2 are made and mapped, 3 is not (the budget is gone); 1 stays.
+  CHECK(pages.commit(base, 32 * MiB) == CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK(pages.mapped_bytes() == 8 * MiB);
+  CHECK(pages.mapped(base + 8 * MiB, 8 * MiB));
+  CHECK_FALSE(pages.mapped(base, 1));
+  CHECK_FALSE(pages.mapped(base + 16 * MiB, 1));
+  REQUIRE(physical.unmaps.size() == 2);
+  CHECK(physical.unmaps[0] == base);
+  CHECK(physical.unmaps[1] == base + 16 * MiB);
+  // Their memory is spare until dropped: held, as the device counts it.
+  CHECK(pages.held_bytes() == 24 * MiB);
+  pages.drop_spare();
+  CHECK(pages.held_bytes() == 8 * MiB);
+  CHECK(physical.held == 8 * MiB);
+  CHECK(pages.held_peak() == 24 * MiB);
 }
 
 TEST_CASE("pages: release unmaps and destroys every page and gives the addresses back") {
