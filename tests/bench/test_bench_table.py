@@ -13,6 +13,7 @@ HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.insert(0, HERE)
 import bench_table as bt  # noqa: E402
 import run_bench  # noqa: E402
+import memory_sections  # noqa: E402
 
 GROUPS = [
     bt.Group(bt.CHURN_64, "churn", "us_per_pair", "us per pair", bt.NATIVE, bt.BASE_OVER_THIS,
@@ -272,6 +273,20 @@ class RunnerAgreesWithTargets(unittest.TestCase):
     def test_quick_settings_keep_every_workload(self):
         names = [w.name for w in run_bench.make_workloads(run_bench.QUICK, "/nonexistent", run_bench.WORKLOADS)]
         self.assertEqual(names, list(run_bench.WORKLOADS))
+
+
+class LossesVerdict(unittest.TestCase):
+    """The footprint section's loss check: a difference counts only when the native runs agree."""
+
+    def test_identical(self):
+        self.assertEqual(memory_sections._losses_verdict([["a"], ["a"]], [["a"], ["a"], ["a"]]), "identical")
+
+    def test_native_runs_disagree(self):
+        self.assertEqual(memory_sections._losses_verdict([["a"], ["b"]], [["a"], ["b"], ["a"]]),
+                         "not comparable (the runs without the shim differ among themselves)")
+
+    def test_shim_differs(self):
+        self.assertTrue(memory_sections._losses_verdict([["a"], ["a"]], [["a"], ["a"], ["b"]]).startswith("DIFFER"))
 
 
 if __name__ == "__main__":

@@ -5,11 +5,13 @@ Its GPU time per step (20-50 ms on an H200) lets the CPU run ahead of the GPU, w
 hides. Prints the losses (float.hex, identical with and without the shim when PyTorch's caching
 is off) and, on stderr, the median step time and PyTorch's own peaks.
 
-    python3 gpt2_train.py [--steps N] [--warmup N] [--batch N] [--budget-mb MB]
+    python3 gpt2_train.py [--steps N] [--warmup N] [--batch N] [--budget-mb MB] [--attention eager]
 
 --budget-mb: PyTorch's allocator may hold at most this much (set_per_process_memory_fraction;
 only PyTorch's native allocator honours it: under PYTORCH_NO_CUDA_MEMORY_CACHING=1 set
 POOLSHIM_LIMIT instead). An out-of-memory error prints 'oom <step>' on stderr and exits 4.
+--attention: transformers' attention implementation (default sdpa, whose backward kernels may
+accumulate in a different order from run to run; eager is deterministic).
 """
 import argparse
 import os
@@ -30,6 +32,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--budget-mb", type=float, default=0)
+    parser.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa")
     args = parser.parse_args()
     torch.manual_seed(1234)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -39,7 +42,7 @@ def main():
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(args.budget_mb * 2**20 / total, torch.cuda.current_device())
     config = GPT2Config(n_layer=12, n_embd=768, n_head=12, vocab_size=50257, n_positions=512,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation=args.attention)
     model = GPT2LMHeadModel(config).to(device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
