@@ -79,8 +79,9 @@ def _keep(bench, name, lines):
 
 def _losses_verdict(native, every):
     """Whether the uncached runs' losses agree with and without the shim. GPT-2's sdpa backward
-    accumulates in a different order from run to run (measured on the H200: two of four native
-    runs differed), so a difference counts only when the runs without the shim agree."""
+    accumulates in a different order from run to run (measured on the H200: one of four native
+    runs differed from the other three), so a difference counts only when the runs without the
+    shim agree."""
     if all(x == every[0] for x in every):
         return "identical"
     if any(x != native[0] for x in native):
