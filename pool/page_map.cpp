@@ -119,11 +119,7 @@ CUresult PageMap::commit(CUdeviceptr p, std::uint64_t n) {
   // holds the block under them alone and has not handed it out).
   for (std::size_t i : fresh_) {
     set_bit(i, false);
-    physical_.unmap(base_ + i * page_, page_);
-    spare_.push_back(handles_[i]);
-    handles_[i] = 0;
-    ++stats_.unmaps;
-    mapped_.fetch_sub(page_, std::memory_order_relaxed);
+    unmap_to_spare(i);
   }
   fresh_.clear();
   return r;
@@ -144,14 +140,16 @@ std::uint64_t PageMap::claim(CUdeviceptr p, std::uint64_t n, std::uint64_t want)
   return claimed;
 }
 
+void PageMap::unmap_to_spare(std::size_t i) {
+  physical_.unmap(base_ + i * page_, page_);
+  spare_.push_back(handles_[i]);
+  handles_[i] = 0;
+  ++stats_.unmaps;
+  mapped_.fetch_sub(page_, std::memory_order_relaxed);
+}
+
 void PageMap::unmap_claimed() {
-  for (std::size_t i : claimed_) {
-    physical_.unmap(base_ + i * page_, page_);
-    spare_.push_back(handles_[i]);
-    handles_[i] = 0;
-    ++stats_.unmaps;
-    mapped_.fetch_sub(page_, std::memory_order_relaxed);
-  }
+  for (std::size_t i : claimed_) unmap_to_spare(i);
   claimed_.clear();
 }
 

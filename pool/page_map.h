@@ -102,6 +102,8 @@ class PageMap {
     return (bits_[i / 64].load(std::memory_order_acquire) >> (i % 64)) & 1;
   }
   void set_bit(std::size_t i, bool on);
+  /// Unmaps page i (its bit already clear); its memory becomes spare. Under mutex_.
+  void unmap_to_spare(std::size_t i);
   void release_all();
 
   PhysicalMemory& physical_;

@@ -2,6 +2,8 @@
 // aligned, a gap after each), with a budget, and a record of what was reserved and released.
 #pragma once
 
+#include <catch2/catch.hpp>
+
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
@@ -12,6 +14,15 @@
 #include "segment_allocator.h"
 
 namespace poolshim::testing {
+
+/// A block of `bytes` from `a` for stream token `affinity` (fences up to `completed` done),
+/// which the test requires to be served.
+inline SegmentAllocator::Block take(SegmentAllocator& a, std::uint64_t bytes,
+                                    std::uintptr_t affinity = 0, std::uint64_t completed = 0) {
+  SegmentAllocator::Block b;
+  REQUIRE(a.allocate(bytes, affinity, completed, &b));
+  return b;
+}
 
 struct CountingSource : SegmentSource {
   CUdeviceptr next = 0x10000000;

@@ -10,6 +10,7 @@
 using namespace poolshim;
 using poolshim::testing::CountingPhysical;
 using poolshim::testing::CountingSource;
+using poolshim::testing::take;
 using Block = SegmentAllocator::Block;
 
 namespace {
@@ -17,13 +18,6 @@ namespace {
 constexpr std::uint64_t MiB = 1ULL << 20;
 constexpr std::uint64_t kPage = 8 * MiB;
 constexpr std::uint64_t kSpan = 256 * MiB;
-
-Block take(SegmentAllocator& a, std::uint64_t bytes, std::uintptr_t affinity = 0,
-           std::uint64_t completed = 0) {
-  Block b;
-  REQUIRE(a.allocate(bytes, affinity, completed, &b));
-  return b;
-}
 
 }  // namespace
 

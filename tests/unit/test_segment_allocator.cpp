@@ -18,17 +18,11 @@ using poolshim::testing::DriverDouble;
 using poolshim::testing::MiB;
 using Block = SegmentAllocator::Block;
 using poolshim::testing::CountingSource;
+using poolshim::testing::take;
 
 namespace {
 
 constexpr std::uint64_t KiB = 1024;
-
-Block take(SegmentAllocator& a, std::uint64_t bytes, std::uintptr_t affinity = 0,
-           std::uint64_t completed = 0) {
-  Block b;
-  REQUIRE(a.allocate(bytes, affinity, completed, &b));
-  return b;
-}
 
 }  // namespace
 
