@@ -1,7 +1,8 @@
 // Kernels and allocations together (GPU only). Each case prints what a correct program
 // prints; a shim that reused memory too early would corrupt the data and change the output.
 //   kernels_diff [selfcheck | fault | legacy_first_stream_nonblocking |
-//   legacy_first_stream_blocking]
+//   legacy_first_stream_blocking | pages_move | unmap_under_kernel]
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -231,10 +232,86 @@ void detector_self_check() {
   CHECK_CUDA(cudaDeviceSynchronize());
 }
 
+// The paged arena's rule (run under POOLSHIM_CACHE=0, so that any mapping past the blocks in use
+// first moves free pages): a block freed behind a late writer keeps its pages while the writer
+// runs. `b` (another stream, so `a`'s block is not usable for it) needs new pages with `a`'s free
+// and mapped: unmapping them for `b` would fault the writer (cuMemUnmap does not wait for
+// kernels). Once the writer is done, `c` (too large for `a`'s hole) takes them. Sizes are whole
+// 20 MiB pages: the exit record's reserved peak is then exactly 9 pages (a and b, then c's six
+// of which three are a's), 12 if a's never moved.
+void pages_move_while_kernel_runs() {
+  const size_t n = size_t{15} << 20;  // 60 MiB of words
+  cudaStream_t s, other;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  std::uint32_t* a = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&a, n * 4, s));
+  late_fill<<<264, 256, 0, s>>>(a, n, 0x77777777u, 20000000ULL);  // writes after ~20 ms
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaFreeAsync(a, s));
+  std::uint32_t* b = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&b, n * 4, other));
+  fill<<<264, 256, 0, other>>>(b, n, 0x22222222u);
+  const cudaError_t writer = cudaStreamSynchronize(s);
+  unsigned long long corrupted = mismatches(b, n, 0x22222222u, other);
+  std::uint32_t* c = nullptr;
+  CHECK_CUDA(cudaMallocAsync(&c, 2 * n * 4, other));
+  fill<<<264, 256, 0, other>>>(c, 2 * n, 0x44444444u);
+  corrupted += mismatches(c, 2 * n, 0x44444444u, other);
+  corrupted += mismatches(b, n, 0x22222222u, other);
+  std::printf("pages_move_while_kernel_runs: writer=%s corrupted=%llu\n", cudaGetErrorName(writer),
+              corrupted);
+  CHECK_CUDA(cudaFreeAsync(b, other));
+  CHECK_CUDA(cudaFreeAsync(c, other));
+  CHECK_CUDA(cudaStreamSynchronize(other));
+  CHECK_CUDA(cudaStreamDestroy(s));
+  CHECK_CUDA(cudaStreamDestroy(other));
+}
+
+// Proof that the check above can fail: memory unmapped while a kernel still writes it faults the
+// kernel (natively, through the driver's virtual memory calls; the context is lost after it).
+void unmap_under_kernel() {
+  CHECK_CUDA(cudaFree(nullptr));  // the primary context
+  CUdevice dev = 0;
+  cuDeviceGet(&dev, 0);
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  size_t page = 0;
+  cuMemGetAllocationGranularity(&page, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  const size_t bytes = size_t{10} * page;
+  CUdeviceptr va = 0;
+  CUmemGenericAllocationHandle h = 0;
+  CUmemAccessDesc access = {};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (cuMemAddressReserve(&va, bytes, 0, 0, 0) != CUDA_SUCCESS ||
+      cuMemCreate(&h, bytes, &prop, 0) != CUDA_SUCCESS || cuMemMap(va, bytes, 0, h, 0) != CUDA_SUCCESS ||
+      cuMemSetAccess(va, bytes, &access, 1) != CUDA_SUCCESS) {
+    std::printf("unmap_under_kernel: setup failed\n");
+    return;
+  }
+  auto* p = reinterpret_cast<std::uint32_t*>(va);
+  late_fill<<<264, 256>>>(p, bytes / 4, 0x99999999u, 20000000ULL);
+  CHECK_CUDA(cudaGetLastError());
+  cuMemUnmap(va, bytes);
+  const cudaError_t sync = cudaDeviceSynchronize();
+  std::printf("unmap_under_kernel: sync=%s\n", cudaGetErrorName(sync));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string_view only = argc > 1 ? argv[1] : "";
+  if (only == "pages_move") {
+    pages_move_while_kernel_runs();
+    return 0;
+  }
+  if (only == "unmap_under_kernel") {
+    unmap_under_kernel();
+    return 0;
+  }
   if (only == "legacy_first_stream_nonblocking" || only == "legacy_first_stream_blocking") {
     const bool nonblocking = only == "legacy_first_stream_nonblocking";
     legacy_only_then_first_stream(nonblocking ? cudaStreamNonBlocking : cudaStreamDefault,

@@ -41,8 +41,8 @@ PROGRAMS = {  # name -> (source, extra nvcc flags); each built with the shared a
     "dlsym_semantics": ("tests/programs/dlsym_semantics.cpp", ["-ldl"]),
     "capture_threads": ("tests/programs/capture_threads.cpp", []),
     "oom_cases": ("tests/programs/oom_cases.cpp", []),
-    "kernels_diff": ("tests/gpu/kernels_diff.cu", []),
-    "kernels_diff_ptds": ("tests/gpu/kernels_diff.cu", ["--default-stream", "per-thread"]),
+    "kernels_diff": ("tests/gpu/kernels_diff.cu", ["-lcuda"]),
+    "kernels_diff_ptds": ("tests/gpu/kernels_diff.cu", ["--default-stream", "per-thread", "-lcuda"]),
     "churn_ptds": ("tests/programs/churn.cpp", ["-DCUDA_API_PER_THREAD_DEFAULT_STREAM=1"]),
     "host_edges": ("tests/programs/host_edges.cpp", ["-ldl"]),
 }
@@ -278,7 +278,27 @@ class Suite:
                                 f"{d.get('legacy_reuses')}, fences {d.get('fences')}")
                     self.case(f"{variant}: only stream 0, then a first {first} stream [{runtime}]", legacy_first)
 
+            # The paged arena's rule: pages of a block whose writer still runs never move.
+            def pages_move(runtime=runtime):
+                native, shim, logs = self.differential(f"pages-move-{runtime}",
+                                                       [self.binary("kernels_diff", runtime), "pages_move"],
+                                                       {"POOLSHIM_CACHE": "0", "POOLSHIM_PAGE": "20M"})
+                expect_equal(shim.out.strip(), "pages_move_while_kernel_runs: writer=cudaSuccess corrupted=0",
+                             "the late writer and the data")
+                d = exit_device(logs[0])[1]
+                expect_equal(d["reserved_bytes_peak"], 9 * (20 << 20),
+                             "reserved peak (9 pages: a's three moved to c once the writer was done)")
+                return shim.out.strip()
+            self.case(f"paged arena: a late writer's pages stay, then move [{runtime}]", pages_move)
+
         self.run_host_edge_cases()
+
+        def unmap_under_kernel():
+            r = run_process([self.binary("kernels_diff", "shared"), "unmap_under_kernel"], self.env(), 60)
+            expect_equal(r.out.strip(), "unmap_under_kernel: sync=cudaErrorIllegalAddress", r.describe())
+            return r.out.strip()
+        self.case("the page check can fail (pages unmapped under a running kernel fault it, natively)",
+                  unmap_under_kernel)
 
         def selfcheck():
             native, shim, logs = self.differential("selfcheck", [self.binary("kernels_diff", "shared"), "selfcheck"])
