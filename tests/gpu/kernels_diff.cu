@@ -287,7 +287,8 @@ void unmap_under_kernel() {
   access.location = prop.location;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   if (cuMemAddressReserve(&va, bytes, 0, 0, 0) != CUDA_SUCCESS ||
-      cuMemCreate(&h, bytes, &prop, 0) != CUDA_SUCCESS || cuMemMap(va, bytes, 0, h, 0) != CUDA_SUCCESS ||
+      cuMemCreate(&h, bytes, &prop, 0) != CUDA_SUCCESS ||
+      cuMemMap(va, bytes, 0, h, 0) != CUDA_SUCCESS ||
       cuMemSetAccess(va, bytes, &access, 1) != CUDA_SUCCESS) {
     std::printf("unmap_under_kernel: setup failed\n");
     return;
