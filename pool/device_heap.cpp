@@ -33,25 +33,23 @@ std::uint64_t DeviceHeap::pages_held(std::uint64_t* peak) const {
 }
 
 int DeviceHeap::arena_for(std::uintptr_t token) {
-  if (token <= 1) return 0;  // cudaMalloc without a token, and the legacy stream
-  // Threads take the other arenas in turn at their first named-stream request.
-  static std::atomic<unsigned> next{0};
-  static thread_local const int mine =
-      1 + static_cast<int>(next.fetch_add(1, std::memory_order_relaxed) % (kArenas - 1));
-  return mine;
+  return token <= 1 ? 0 : thread_arena();  // 0: cudaMalloc without a token, the legacy stream
 }
 
 bool DeviceHeap::allocate_from_free(std::uint64_t bytes, std::uintptr_t token,
-                                    std::uint64_t completed, Block* out) {
+                                    std::uint64_t completed, Block* out, Lend lend) {
   const int own = arena_for(token);
   SegmentAllocator::Block b;
   if (arenas_[own]->allocate_from_free(bytes, token, completed, &b)) {
     *out = from(b, own);
     return true;
   }
+  const int mine = thread_arena_if_claimed();
+  const ArenaClaims& claims = arena_claims();
   for (int i = 0; i < kArenas; ++i) {
     // An arena that holds less free memory than the request cannot serve it: skip its lock.
     if (i == own || arenas_[i]->free_bytes() < bytes) continue;
+    if (lend == Lend::unheld && i != mine && claims.holders(i) > 0) continue;
     if (arenas_[i]->allocate_from_free(bytes, token, completed, &b)) {
       *out = from(b, i);
       return true;

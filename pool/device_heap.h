@@ -2,10 +2,13 @@
 // ("arenas") over the one pool, so that threads allocating on their own streams do not meet on
 // one lock. cudaMalloc's requests and the legacy stream's share arena 0 (one program's main
 // allocations stay together, whatever thread makes them: PyTorch's autograd thread, say); a
-// request on a named stream goes to its thread's arena (threads take arenas 1-15 in turn). It
-// takes a usable free block there, else one of another arena (memory freed on one stream serves
-// another once usable, without growing), and only then grows its own arena by a segment. A
-// block goes back to the arena it came from, whatever thread or stream frees it.
+// request on a named stream goes to its thread's arena (arena_claims.h: a thread claims one of
+// arenas 1-15 and gives it back at exit). It takes a usable free block there, else one of an
+// arena no other live thread holds (arena 0, the thread's own, an exited thread's), and only
+// then grows its own arena by a segment. Free memory of arenas other live threads hold is
+// borrowed only when asked (Lend::any: the Router's bounded-memory rule), so that in steady
+// state a thread locks only its own arena. A block goes back to the arena it came from,
+// whatever thread or stream frees it.
 #pragma once
 
 #include <cuda.h>
@@ -14,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "arena_claims.h"
 #include "page_map.h"
 #include "segment_allocator.h"
 
@@ -21,7 +25,11 @@ namespace poolshim {
 
 class DeviceHeap {
  public:
-  static constexpr int kArenas = 16;
+  static constexpr int kArenas = kHeapArenas;
+
+  /// Which other arenas' free memory a request may take: those no other live thread holds,
+  /// or any.
+  enum class Lend { unheld, any };
 
   /// A block handed out, with the arena that holds it.
   struct Block {
@@ -46,13 +54,13 @@ class DeviceHeap {
   explicit DeviceHeap(SegmentSource& source) : DeviceHeap(source, Paging{}) {}
 
   /// The arena of a request for stream token `token` on this thread (0 and the legacy
-  /// stream's: arena 0; a named stream's: the thread's own).
+  /// stream's: arena 0; a named stream's: the thread's own, claimed at its first).
   static int arena_for(std::uintptr_t token);
 
   /// A usable free block for `token` (`completed` fences done): its own arena's first, then
-  /// the other arenas'. False when none.
+  /// those of the other arenas that `lend` allows. False when none.
   bool allocate_from_free(std::uint64_t bytes, std::uintptr_t token, std::uint64_t completed,
-                          Block* out);
+                          Block* out, Lend lend = Lend::unheld);
   /// Grows `token`'s arena by a segment for the request (SegmentAllocator::allocate).
   bool allocate(std::uint64_t bytes, std::uintptr_t token, std::uint64_t completed, Block* out,
                 CUresult* why);

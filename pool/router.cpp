@@ -110,26 +110,33 @@ CUresult Router::take_block(DevicePool& pool, std::size_t bytes, std::uintptr_t 
   DeviceHeap& heap = pool.heap();
   FenceClock& fences = pool.fences();
   DeviceStats& s = stats(pool.ordinal());
-  const auto from_free = [&] {
-    return heap.allocate_from_free(bytes, token, fences.completed(), out);
+  const auto from_free = [&](DeviceHeap::Lend lend) {
+    return heap.allocate_from_free(bytes, token, fences.completed(), out, lend);
   };
-  bool hit = from_free();
+  bool hit = from_free(DeviceHeap::Lend::unheld);
   // Blocks waiting for a fence: the one in flight may have completed by now.
-  if (!hit && heap.waiting(fences.completed()) && advance_fences(pool)) hit = from_free();
-  // Free memory worth a new segment: neighbours left apart may merge now, and when enough of it
-  // only waits for fences (an eighth of what the heap holds, 64 MiB at least), one
-  // synchronization is cheaper than growing by it: what the heap holds beyond live memory stays
-  // bounded relative to it. The stall is the native cudaFree's, paid once for many frees.
+  if (!hit && heap.waiting(fences.completed()) && advance_fences(pool)) {
+    hit = from_free(DeviceHeap::Lend::unheld);
+  }
+  // Free memory worth a new segment: neighbours left apart may merge now. When enough of it
+  // lies elsewhere (an eighth of what the heap holds, 64 MiB at least), growing would hold too
+  // much beyond live memory: the arenas of other live threads lend theirs (below that, a thread
+  // grows its own arena rather than lock another thread's), and when enough of it only waits
+  // for fences, one synchronization is cheaper than growing by it: what the heap holds beyond
+  // live memory stays bounded relative to it. The stall is the native cudaFree's, paid once for
+  // many frees.
   const std::uint64_t free = hit ? 0 : heap.free_bytes();
   if (!hit && free >= SegmentAllocator::segment_for(bytes)) {
-    if (heap.coalesce(fences.completed()) > 0) hit = from_free();
-    if (!hit && heap.waiting(fences.completed()) && free >= kBoundedSlackMin &&
-        free >= (free + heap.allocated()) / 8 &&
+    const bool pressed = free >= kBoundedSlackMin && free >= (free + heap.allocated()) / 8;
+    const DeviceHeap::Lend lend = pressed ? DeviceHeap::Lend::any : DeviceHeap::Lend::unheld;
+    if (pressed) hit = from_free(lend);
+    if (!hit && heap.coalesce(fences.completed()) > 0) hit = from_free(lend);
+    if (!hit && pressed && heap.waiting(fences.completed()) &&
         (captures_active_ == nullptr || !captures_active_()) &&
         synchronize_as_fence(pool) == CUDA_SUCCESS) {
       s.bump(&CounterShard::bounded_syncs);
       heap.coalesce(fences.completed());
-      hit = from_free();
+      hit = from_free(lend);
     }
   }
   if (hit) {
@@ -188,8 +195,8 @@ OomReport Router::describe_oom(DevicePool& pool, std::size_t bytes, CUstream str
   report.reserved = u.reserved;
   report.used = handed_out(u, pool.heap().free_bytes());  // free blocks of the heap are slack
   const DeviceStats& s = stats_[static_cast<std::size_t>(pool.ordinal())];
-  report.live_bytes = s.requested_bytes.current.load(std::memory_order_relaxed);
-  report.live_count = s.live_allocs.current.load(std::memory_order_relaxed);
+  report.live_bytes = s.current(&CounterShard::requested_bytes_part);
+  report.live_count = s.current(&CounterShard::live_allocs_part);
   report.cap = pool.cap();
   return report;
 }

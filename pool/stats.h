@@ -54,6 +54,10 @@ namespace poolshim {
   X(requested_bytes, "bytes the application asked for, in live pooled allocations") \
   X(live_allocs, "live pooled allocations")
 
+/// How far a shard's part of each gauge may run ahead of the shared sum (Gauge).
+constexpr std::int64_t kRequestedBytesBatch = std::int64_t{1} << 20;
+constexpr std::int64_t kLiveAllocsBatch = 16;
+
 /// Buckets of the size histogram: bucket k counts live allocations of [2^k, 2^(k+1)) bytes.
 constexpr int kHistogramBuckets = 48;
 
@@ -94,14 +98,40 @@ class ShardedCounter {
   std::array<Slot, kCounterShards> slots_{};
 };
 
-/// A figure with a current value and an exact peak (one atomic each, shared by all threads:
-/// an exact peak needs one current value); its running total lives in the counter shards.
-struct Gauge {
-  std::atomic<std::uint64_t> current{0};
-  std::atomic<std::uint64_t> peak{0};
+/// One shard's part of a Gauge: its net change, and how much of it the shared sum holds.
+struct GaugePart {
+  std::atomic<std::int64_t> value{0};
+  std::atomic<std::int64_t> published{0};
+};
 
-  void add(std::uint64_t n) { raise_to(peak, current.fetch_add(n, std::memory_order_relaxed) + n); }
-  void sub(std::uint64_t n) { current.fetch_sub(n, std::memory_order_relaxed); }
+/// A figure with a current value and a peak that many threads change (DESIGN §5). A change goes
+/// to the calling thread's part (its counter shard: its own cache line); a part adds what it
+/// holds unpublished to the shared sum once that reaches +-batch, so that threads seldom write
+/// the one shared line. The current value is the parts' sum, exact when read. The peak is
+/// raised from the shared sum plus the changing part's unpublished change: exact while one
+/// shard changes the figure, otherwise within (shards - 1) x batch of the truth (the other
+/// parts' unpublished changes); each snapshot also raises it to the exact current value.
+struct Gauge {
+  explicit Gauge(std::int64_t batch_) : batch(batch_) {}
+
+  void add(GaugePart& part, std::int64_t n) {
+    const std::int64_t v = part.value.fetch_add(n, std::memory_order_relaxed) + n;
+    std::int64_t p = part.published.load(std::memory_order_relaxed);
+    if (v - p >= batch || p - v >= batch) {
+      // A thread sharing the shard may publish first: then `p` is what it published.
+      if (part.published.compare_exchange_strong(p, v, std::memory_order_relaxed)) {
+        sum.fetch_add(v - p, std::memory_order_relaxed);
+        p = v;
+      }
+    }
+    if (n <= 0) return;
+    const std::int64_t estimate = sum.load(std::memory_order_relaxed) + (v - p);
+    if (estimate > 0) raise_to(peak, static_cast<std::uint64_t>(estimate));
+  }
+
+  const std::int64_t batch;
+  std::atomic<std::int64_t> sum{0};  // the parts' published changes
+  mutable std::atomic<std::uint64_t> peak{0};
 };
 
 struct GaugeValue {
@@ -117,7 +147,9 @@ struct alignas(64) CounterShard {
 #define POOLSHIM_COUNTER_FIELD(name, meaning) std::atomic<std::uint64_t> name{0};
   POOLSHIM_COUNTERS(POOLSHIM_COUNTER_FIELD)
 #undef POOLSHIM_COUNTER_FIELD
-#define POOLSHIM_GAUGE_TOTAL(name, meaning) std::atomic<std::uint64_t> name##_total{0};
+#define POOLSHIM_GAUGE_TOTAL(name, meaning)   \
+  std::atomic<std::uint64_t> name##_total{0}; \
+  GaugePart name##_part;
   POOLSHIM_GAUGES(POOLSHIM_GAUGE_TOTAL)
 #undef POOLSHIM_GAUGE_TOTAL
   std::array<std::atomic<std::uint64_t>, kHistogramBuckets> histogram{};
@@ -127,35 +159,36 @@ using Counter = std::atomic<std::uint64_t> CounterShard::*;
 
 /// The live counters of one device.
 struct DeviceStats {
-#define POOLSHIM_GAUGE_FIELD(name, meaning) alignas(64) Gauge name;
-  POOLSHIM_GAUGES(POOLSHIM_GAUGE_FIELD)
-#undef POOLSHIM_GAUGE_FIELD
+  alignas(64) Gauge requested_bytes{kRequestedBytesBatch};
+  alignas(64) Gauge live_allocs{kLiveAllocsBatch};
   std::array<CounterShard, kCounterShards> shards{};
 
-  CounterShard& mine() {
-    return shards[static_cast<std::size_t>(counter_shard())];
+  /// The exact current value of a gauge: its parts added up (0 if a free's shard was read
+  /// before its allocation's).
+  std::uint64_t current(GaugePart CounterShard::*part) const {
+    std::int64_t n = 0;
+    for (const CounterShard& c : shards) n += (c.*part).value.load(std::memory_order_relaxed);
+    return n > 0 ? static_cast<std::uint64_t>(n) : 0;
   }
+
+  CounterShard& mine() { return shards[static_cast<std::size_t>(counter_shard())]; }
   void on_alloc(std::uint64_t bytes) {
-    requested_bytes.add(bytes);
-    live_allocs.add(1);
     CounterShard& c = mine();
+    requested_bytes.add(c.requested_bytes_part, static_cast<std::int64_t>(bytes));
+    live_allocs.add(c.live_allocs_part, 1);
     c.requested_bytes_total.fetch_add(bytes, std::memory_order_relaxed);
     c.live_allocs_total.fetch_add(1, std::memory_order_relaxed);
     c.allocs.fetch_add(1, std::memory_order_relaxed);
     c.histogram[histogram_bucket(bytes)].fetch_add(1, std::memory_order_relaxed);
   }
-  void on_free(std::uint64_t bytes) {
-    on_gone(bytes, &CounterShard::frees);
-  }
+  void on_free(std::uint64_t bytes) { on_gone(bytes, &CounterShard::frees); }
   /// A live allocation that disappeared without a free (cudaDeviceReset).
-  void on_dropped(std::uint64_t bytes) {
-    on_gone(bytes, &CounterShard::reset_dropped);
-  }
+  void on_dropped(std::uint64_t bytes) { on_gone(bytes, &CounterShard::reset_dropped); }
   /// A live allocation of `bytes` is no longer live; `why` counts how.
   void on_gone(std::uint64_t bytes, Counter why) {
-    requested_bytes.sub(bytes);
-    live_allocs.sub(1);
     CounterShard& c = mine();
+    requested_bytes.add(c.requested_bytes_part, -static_cast<std::int64_t>(bytes));
+    live_allocs.add(c.live_allocs_part, -1);
     (c.*why).fetch_add(1, std::memory_order_relaxed);
     c.histogram[histogram_bucket(bytes)].fetch_sub(1, std::memory_order_relaxed);
   }
@@ -194,8 +227,9 @@ inline StatsSnapshot take_snapshot(const DeviceStats& s) {
   for (auto& bucket : out.histogram) {
     if (static_cast<std::int64_t>(bucket) < 0) bucket = 0;
   }
-#define POOLSHIM_COPY_GAUGE(name, meaning)                           \
-  out.name.current = s.name.current.load(std::memory_order_relaxed); \
+#define POOLSHIM_COPY_GAUGE(name, meaning)                  \
+  out.name.current = s.current(&CounterShard::name##_part); \
+  raise_to(s.name.peak, out.name.current);                  \
   out.name.peak = s.name.peak.load(std::memory_order_relaxed);
   POOLSHIM_GAUGES(POOLSHIM_COPY_GAUGE)
 #undef POOLSHIM_COPY_GAUGE

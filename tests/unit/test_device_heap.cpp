@@ -1,5 +1,6 @@
-// DeviceHeap (issue 13): one arena per stream token, stealing before growing, blocks back to
-// the arena that holds them, trims across arenas. Exact figures over the counting source.
+// DeviceHeap (issue 13): arena 0 for cudaMalloc, one arena per live thread, taking from arenas
+// no other live thread holds before growing, blocks back to the arena that holds them, trims
+// across arenas. Exact figures over the counting source.
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -29,23 +30,77 @@ DeviceHeap::Block take(DeviceHeap& h, std::uint64_t bytes, std::uintptr_t token,
 
 }  // namespace
 
-TEST_CASE("device heap: cudaMalloc and the legacy stream share arena 0; threads take the others") {
+TEST_CASE("device heap: cudaMalloc and the legacy stream share arena 0; live threads hold others") {
   CHECK(DeviceHeap::arena_for(0) == 0);
   CHECK(DeviceHeap::arena_for(1) == 0);
   const int mine = DeviceHeap::arena_for(0x7f0000001000);
   CHECK(mine >= 1);
   CHECK(DeviceHeap::arena_for(0x7f0000009000) == mine);  // any named stream of this thread
+  // Eight threads alive together hold eight arenas besides this thread's.
   std::vector<int> others(8);
+  std::atomic<int> arrived{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t) {
-    threads.emplace_back([&others, t] { others[t] = DeviceHeap::arena_for(0x7f0000001000); });
+    threads.emplace_back([&others, &arrived, t] {
+      others[t] = DeviceHeap::arena_for(0x7f0000001000);
+      arrived.fetch_add(1);
+      while (arrived.load() < 8) std::this_thread::yield();
+    });
   }
   for (auto& t : threads) t.join();
   std::set<int> distinct(others.begin(), others.end());
   distinct.insert(mine);
-  CHECK(distinct.size() == 9);  // nine threads, nine arenas of the fifteen
+  CHECK(distinct.size() == 9);
   CHECK(*distinct.begin() >= 1);
   CHECK(*distinct.rbegin() < DeviceHeap::kArenas);
+  // They have exited: their arenas are free to claim again, and a new thread takes the lowest.
+  int next = -1;
+  std::thread([&next] { next = DeviceHeap::arena_for(0x7f0000001000); }).join();
+  int lowest = 1;
+  while (lowest == mine) ++lowest;
+  CHECK(next == lowest);
+}
+
+TEST_CASE("device heap: a new thread takes over an exited thread's arena and its free memory") {
+  CountingSource source;
+  DeviceHeap h(source);
+  DeviceHeap::Block a;
+  std::thread([&] {
+    a = take(h, 64 * KiB, 0x7f0000001000);
+    h.free(a.arena, a.node, a.size, 0x7f0000001000, 0, 0);  // ready for every stream
+  }).join();
+  DeviceHeap::Block b;
+  std::thread([&] { b = take(h, 64 * KiB, 0x7f0000002000); }).join();
+  CHECK(b.arena == a.arena);  // the exited thread's claim went to the new thread
+  CHECK(b.ptr == a.ptr);
+  CHECK(source.reserved.size() == 1);
+}
+
+TEST_CASE("device heap: a live thread's arena lends its free memory only when asked") {
+  CountingSource source;
+  DeviceHeap h(source);
+  const std::uintptr_t s1 = 0x7f0000001000;
+  std::atomic<int> step{0};
+  DeviceHeap::Block a;
+  // Another thread, alive throughout, frees a ready block into its own arena.
+  std::thread owner([&] {
+    a = take(h, 64 * KiB, s1);
+    h.free(a.arena, a.node, a.size, s1, 0, 0);
+    step.store(1);
+    while (step.load() != 2) std::this_thread::yield();
+  });
+  while (step.load() != 1) std::this_thread::yield();
+  const std::uintptr_t s2 = 0x7f0000002000;  // this thread's own arena
+  DeviceHeap::Block b;
+  CHECK_FALSE(h.allocate_from_free(64 * KiB, s2, 0, &b));
+  CHECK_FALSE(h.allocate_from_free(64 * KiB, 0, 0, &b));  // cudaMalloc's request neither
+  REQUIRE(h.allocate_from_free(64 * KiB, s2, 0, &b, DeviceHeap::Lend::any));
+  CHECK(b.ptr == a.ptr);
+  CHECK(b.arena == a.arena);
+  CHECK(b.arena != DeviceHeap::arena_for(s2));
+  CHECK(source.reserved.size() == 1);
+  step.store(2);
+  owner.join();
 }
 
 TEST_CASE(

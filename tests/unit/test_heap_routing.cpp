@@ -3,6 +3,7 @@
 // memory. Exact figures over the driver double (2 MiB small segments, 20 MiB large ones).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -548,6 +549,83 @@ TEST_CASE("heap: under 64 MiB waiting for a fence, a miss grows instead of stall
   CHECK(s.stats.bounded_syncs == 0);
   CHECK(d.calls("cuCtxSynchronize") == 0);
   CHECK(s.pool.reserved == 60 * MiB);
+}
+
+namespace {
+
+// Another thread, alive until `done` is set, allocates `count` 12 MiB blocks on its own stream
+// and frees them with cudaFree (sync mode: ready for every stream at once), into its arena.
+struct LiveNeighbour {
+  std::atomic<bool> freed{false};
+  std::atomic<bool> done{false};
+  std::vector<void*> blocks;
+  std::thread thread;
+  LiveNeighbour(Rig& rig, int count) {
+    thread = std::thread([this, &rig, count] {
+      rig.d.make_current(0);
+      RealStub real;
+      const CUstream s1 = make_stream(rig.d);
+      for (int i = 0; i < count; ++i) {
+        blocks.push_back(async_alloc(rig.router, 0, 12 * MiB, s1, real));
+      }
+      for (void* b : blocks) rig.router.free_sync(b, 0, real);
+      freed.store(true);
+      while (!done.load()) std::this_thread::yield();
+    });
+    while (!freed.load()) std::this_thread::yield();
+  }
+  void exit() {
+    done.store(true);
+    thread.join();
+  }
+  ~LiveNeighbour() {
+    if (thread.joinable()) exit();
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "heap: under 64 MiB free in a live thread's arena, another thread grows its own arena "
+    "rather than lock it; once that thread has exited, its memory serves") {
+  Rig rig(1, 512 * MiB, with_cache(512 * MiB, testing::with_segments()));
+  auto& [d, config, events, router] = rig;
+  StreamRegistry streams;  // seen: named streams keep their tokens and their threads' arenas
+  streams.mark_observed();
+  router.set_stream_registry(&streams);
+  LiveNeighbour neighbour(rig, 4);  // 48 MiB free in its arena
+  REQUIRE(router.snapshot(0).pool.reserved == 48 * MiB);
+  d.make_current(0);
+  RealStub real;
+  const CUstream s2 = make_stream(d);
+  void* mine = async_alloc(router, 0, 12 * MiB, s2, real);
+  CHECK(router.snapshot(0).pool.reserved == 60 * MiB);  // grown by one 12 MiB segment
+  for (void* b : neighbour.blocks) CHECK(mine != b);
+  neighbour.exit();
+  void* next = async_alloc(router, 0, 12 * MiB, s2, real);
+  CHECK(router.snapshot(0).pool.reserved == 60 * MiB);  // the exited thread's block, no growth
+  CHECK(std::find(neighbour.blocks.begin(), neighbour.blocks.end(), next) !=
+        neighbour.blocks.end());
+  CHECK(router.snapshot(0).stats.bounded_syncs == 0);
+}
+
+TEST_CASE(
+    "heap: bounded memory: from 64 MiB free in a live thread's arena (and an eighth of the "
+    "heap), another thread's miss takes it instead of growing") {
+  Rig rig(1, 512 * MiB, with_cache(512 * MiB, testing::with_segments()));
+  auto& [d, config, events, router] = rig;
+  StreamRegistry streams;  // seen: named streams keep their tokens and their threads' arenas
+  streams.mark_observed();
+  router.set_stream_registry(&streams);
+  LiveNeighbour neighbour(rig, 6);  // 72 MiB free in its arena
+  d.make_current(0);
+  RealStub real;
+  const CUstream s2 = make_stream(d);
+  void* mine = async_alloc(router, 0, 12 * MiB, s2, real);
+  CHECK(router.snapshot(0).pool.reserved == 72 * MiB);  // no growth
+  CHECK(std::find(neighbour.blocks.begin(), neighbour.blocks.end(), mine) !=
+        neighbour.blocks.end());
+  CHECK(router.snapshot(0).stats.bounded_syncs == 0);  // ready: no synchronization needed
 }
 
 TEST_CASE(
