@@ -82,8 +82,10 @@ int main(int argc, char** argv) {
                 threads, rate, seconds * 1e9 / pairs, rate / single);
   }
   const DeviceSnapshot s = router.snapshot(0);
-  std::printf("hot_path cache_hits=%llu cache_misses=%llu\n",
+  std::printf("hot_path cache_hits=%llu cache_misses=%llu fences=%llu bounded_syncs=%llu\n",
               static_cast<unsigned long long>(s.stats.cache_hits),
-              static_cast<unsigned long long>(s.stats.cache_misses));
+              static_cast<unsigned long long>(s.stats.cache_misses),
+              static_cast<unsigned long long>(s.stats.fences),
+              static_cast<unsigned long long>(s.stats.bounded_syncs));
   return 0;
 }
