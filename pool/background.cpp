@@ -284,7 +284,7 @@ void BackgroundWorker::work(std::uint64_t now) {
     snaps.push_back(router_.snapshot(device));
     if (sample_due) write(sample_record(t(now), info_.pid, snaps.back()));
     trim_if_idle(snaps.back(), now);
-    router_.tend_heap(device);
+    router_.tend_heap(device, now);
   }
   if (sample_due) write_prometheus(snaps);
   if (sample_due) {

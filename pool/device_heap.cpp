@@ -36,20 +36,25 @@ int DeviceHeap::arena_for(std::uintptr_t token) {
   return token <= 1 ? 0 : thread_arena();  // 0: cudaMalloc without a token, the legacy stream
 }
 
+bool DeviceHeap::may_take(int i, int own, int mine, Lend lend) const {
+  if (i == own || i == mine || lend == Lend::any) return true;
+  if (arena_claims().holders(i) == 0) return true;
+  return lend == Lend::idle && activity_.idle(i);
+}
+
 bool DeviceHeap::allocate_from_free(std::uint64_t bytes, std::uintptr_t token,
                                     std::uint64_t completed, Block* out, Lend lend) {
   const int own = arena_for(token);
+  activity_.note_use(own);
   SegmentAllocator::Block b;
   if (arenas_[own]->allocate_from_free(bytes, token, completed, &b)) {
     *out = from(b, own);
     return true;
   }
   const int mine = thread_arena_if_claimed();
-  const ArenaClaims& claims = arena_claims();
   for (int i = 0; i < kArenas; ++i) {
     // An arena that holds less free memory than the request cannot serve it: skip its lock.
-    if (i == own || arenas_[i]->free_bytes() < bytes) continue;
-    if (lend == Lend::unheld && i != mine && claims.holders(i) > 0) continue;
+    if (i == own || arenas_[i]->free_bytes() < bytes || !may_take(i, own, mine, lend)) continue;
     if (arenas_[i]->allocate_from_free(bytes, token, completed, &b)) {
       *out = from(b, i);
       return true;
@@ -84,12 +89,35 @@ std::uint64_t DeviceHeap::trim(std::uint64_t keep, std::uint64_t completed) {
   return released;
 }
 
-std::uint64_t DeviceHeap::coalesce(std::uint64_t completed) {
+std::uint64_t DeviceHeap::coalesce(std::uint64_t completed, std::uintptr_t token, Lend lend) {
+  const int own = arena_for(token);
+  const int mine = thread_arena_if_claimed();
   std::uint64_t merges = 0;
-  for (auto& a : arenas_) {
-    if (a->free_bytes() > 0) merges += a->coalesce(completed);
+  for (int i = 0; i < kArenas; ++i) {
+    if (arenas_[i]->free_bytes() > 0 && may_take(i, own, mine, lend)) {
+      merges += arenas_[i]->coalesce(completed);
+    }
   }
   return merges;
+}
+
+std::uint64_t DeviceHeap::free_bytes(std::uintptr_t token, Lend lend) const {
+  const int own = arena_for(token);
+  const int mine = thread_arena_if_claimed();
+  std::uint64_t n = 0;
+  for (int i = 0; i < kArenas; ++i) {
+    if (may_take(i, own, mine, lend)) n += arenas_[i]->free_bytes();
+  }
+  return n;
+}
+
+bool DeviceHeap::waiting(std::uint64_t completed, std::uintptr_t token, Lend lend) const {
+  const int own = arena_for(token);
+  const int mine = thread_arena_if_claimed();
+  for (int i = 0; i < kArenas; ++i) {
+    if (may_take(i, own, mine, lend) && arenas_[i]->waiting(completed)) return true;
+  }
+  return false;
 }
 
 void DeviceHeap::forget_affinity(std::uintptr_t token) {

@@ -6,7 +6,8 @@
 // arenas 1-15 and gives it back at exit). It takes a usable free block there, else one of an
 // arena no other live thread holds (arena 0, the thread's own, an exited thread's), and only
 // then grows its own arena by a segment. Free memory of arenas other live threads hold is
-// borrowed only when asked (Lend::any: the Router's bounded-memory rule), so that in steady
+// borrowed only when asked: from arenas idle for a period (Lend::idle, arena_activity.h: the
+// Router's bounded-memory rule), or from any (Lend::any: out of memory), so that in steady
 // state a thread locks only its own arena. A block goes back to the arena it came from,
 // whatever thread or stream frees it.
 #pragma once
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "arena_activity.h"
 #include "arena_claims.h"
 #include "page_map.h"
 #include "segment_allocator.h"
@@ -27,9 +29,9 @@ class DeviceHeap {
  public:
   static constexpr int kArenas = kHeapArenas;
 
-  /// Which other arenas' free memory a request may take: those no other live thread holds,
-  /// or any.
-  enum class Lend { unheld, any };
+  /// Which other arenas' free memory a request may take: those no other live thread holds;
+  /// those too whose live threads made no request for a period (ArenaActivity); or any.
+  enum class Lend { unheld, idle, any };
 
   /// A block handed out, with the arena that holds it.
   struct Block {
@@ -70,8 +72,15 @@ class DeviceHeap {
   /// Gives back whole free segments whose fence has completed, arena after arena, until at most
   /// `keep` bytes are reserved in all. Returns the bytes given back.
   std::uint64_t trim(std::uint64_t keep, std::uint64_t completed);
-  /// SegmentAllocator::coalesce over every arena that holds free memory.
-  std::uint64_t coalesce(std::uint64_t completed);
+  /// SegmentAllocator::coalesce over the arenas holding free memory that `lend` lets a request
+  /// for `token` take.
+  std::uint64_t coalesce(std::uint64_t completed, std::uintptr_t token, Lend lend);
+  /// Free bytes, and whether blocks wait for a fence, in the arenas that `lend` lets a request
+  /// for `token` take (lock-free).
+  std::uint64_t free_bytes(std::uintptr_t token, Lend lend) const;
+  bool waiting(std::uint64_t completed, std::uintptr_t token, Lend lend) const;
+  /// The background worker's tick: ArenaActivity::tick.
+  void tick(std::uint64_t now_ns) { activity_.tick(now_ns); }
   void forget_affinity(std::uintptr_t token);
   void clear();
   /// Unmaps and destroys every page of the paged arenas and gives their addresses back (the
@@ -98,8 +107,13 @@ class DeviceHeap {
   static Block from(const SegmentAllocator::Block& b, int arena) {
     return Block{b.ptr, b.size, b.node, b.ready_at, arena};
   }
+  /// Whether `lend` lets a request whose own arena is `own` take arena `i`'s free memory
+  /// (`mine`: the thread's claimed arena, or -1).
+  bool may_take(int i, int own, int mine, Lend lend) const;
+
   std::array<std::unique_ptr<PageMap>, kArenas> pages_;  // declared first: destroyed last
   std::array<std::unique_ptr<SegmentAllocator>, kArenas> arenas_;
+  ArenaActivity activity_;
 };
 
 }  // namespace poolshim

@@ -120,22 +120,23 @@ CUresult Router::take_block(DevicePool& pool, std::size_t bytes, std::uintptr_t 
   }
   // Free memory worth a new segment: neighbours left apart may merge now. When enough of it
   // lies elsewhere (an eighth of what the heap holds, 64 MiB at least), growing would hold too
-  // much beyond live memory: the arenas of other live threads lend theirs (below that, a thread
-  // grows its own arena rather than lock another thread's), and when enough of it only waits
-  // for fences, one synchronization is cheaper than growing by it: what the heap holds beyond
-  // live memory stays bounded relative to it. The stall is the native cudaFree's, paid once for
-  // many frees.
-  const std::uint64_t free = hit ? 0 : heap.free_bytes();
+  // much beyond live memory: arenas of live threads idle for a period lend theirs (an active
+  // thread's free memory is its working set: below that bound, or with none idle, a thread
+  // grows its own arena rather than take it), and when enough of it only waits for fences, one
+  // synchronization is cheaper than growing by it: what the heap holds beyond live memory stays
+  // bounded relative to it. The stall is the native cudaFree's, paid once for many frees.
+  const std::uint64_t free = hit ? 0 : heap.free_bytes(token, DeviceHeap::Lend::idle);
   if (!hit && free >= SegmentAllocator::segment_for(bytes)) {
-    const bool pressed = free >= kBoundedSlackMin && free >= (free + heap.allocated()) / 8;
-    const DeviceHeap::Lend lend = pressed ? DeviceHeap::Lend::any : DeviceHeap::Lend::unheld;
+    const bool pressed =
+        free >= kBoundedSlackMin && free >= (heap.free_bytes() + heap.allocated()) / 8;
+    const DeviceHeap::Lend lend = pressed ? DeviceHeap::Lend::idle : DeviceHeap::Lend::unheld;
     if (pressed) hit = from_free(lend);
-    if (!hit && heap.coalesce(fences.completed()) > 0) hit = from_free(lend);
-    if (!hit && pressed && heap.waiting(fences.completed()) &&
+    if (!hit && heap.coalesce(fences.completed(), token, lend) > 0) hit = from_free(lend);
+    if (!hit && pressed && heap.waiting(fences.completed(), token, lend) &&
         (captures_active_ == nullptr || !captures_active_()) &&
         synchronize_as_fence(pool) == CUDA_SUCCESS) {
       s.bump(&CounterShard::bounded_syncs);
-      heap.coalesce(fences.completed());
+      heap.coalesce(fences.completed(), token, lend);
       hit = from_free(lend);
     }
   }
@@ -161,6 +162,12 @@ CUresult Router::take_block(DevicePool& pool, std::size_t bytes, std::uintptr_t 
   // After a synchronization every free block is usable and every wholly free segment can go
   // back to the pool, which then gives its unused memory back to the device.
   synchronize_as_fence(pool);
+  // Any free block now serves, whatever arena holds it: out of memory, no working set is kept.
+  heap.coalesce(fences.completed(), token, DeviceHeap::Lend::any);
+  if (from_free(DeviceHeap::Lend::any)) {
+    s.bump(&CounterShard::oom_retry_successes);
+    return CUDA_SUCCESS;
+  }
   if (heap.trim(0, fences.completed()) > 0) s.bump(&CounterShard::cache_returns);
   pool.trim_to(0);
   if (heap.allocate(bytes, token, fences.completed(), out, &r)) {
@@ -573,10 +580,12 @@ void Router::before_any_stream_destroy(CUstream stream) {
   }
 }
 
-std::uint64_t Router::tend_heap(int device) {
+std::uint64_t Router::tend_heap(int device, std::uint64_t now) {
   std::lock_guard<std::mutex> lock(create_mutex_);  // not racing a device reset's release
   DevicePool* pool = existing_pool(device);
-  if (pool == nullptr || pool->heap().free_bytes() == 0) return 0;
+  if (pool == nullptr) return 0;
+  pool->heap().tick(now);
+  if (pool->heap().free_bytes() == 0) return 0;
   RelaxedCaptureScope relaxed(driver_);
   // Polls the fence in flight only: starting one records on the application's streams, which
   // a capture beginning on another thread at that moment would take in (misses start them).

@@ -170,9 +170,10 @@ class Router {
   /// Releases unused memory of `device`'s pool until it holds fewer than `keep_reserved`
   /// bytes; counts it as an idle trim. Returns the bytes given back.
   std::uint64_t trim_idle(int device, std::uint64_t keep_reserved);
-  /// Moves the heap on: polls the device's event fence in flight and gives whole free segments
+  /// Moves the heap on at time `now` (monotonic ns): turns its arenas' activity period
+  /// (arena_activity.h), polls the device's event fence in flight and gives whole free segments
   /// beyond the `cache` option back to the pool. Returns the bytes given back.
-  std::uint64_t tend_heap(int device);
+  std::uint64_t tend_heap(int device, std::uint64_t now);
   std::vector<LiveAllocation> live_allocations() const;
   std::vector<DeviceDescription> describe_devices() const;
   const DriverApi& driver() const { return driver_; }

@@ -94,12 +94,56 @@ TEST_CASE("device heap: a live thread's arena lends its free memory only when as
   DeviceHeap::Block b;
   CHECK_FALSE(h.allocate_from_free(64 * KiB, s2, 0, &b));
   CHECK_FALSE(h.allocate_from_free(64 * KiB, 0, 0, &b));  // cudaMalloc's request neither
+  CHECK(h.free_bytes(s2, DeviceHeap::Lend::unheld) == 0);
+  CHECK(h.free_bytes(s2, DeviceHeap::Lend::any) == 2 * MiB);
   REQUIRE(h.allocate_from_free(64 * KiB, s2, 0, &b, DeviceHeap::Lend::any));
   CHECK(b.ptr == a.ptr);
   CHECK(b.arena == a.arena);
   CHECK(b.arena != DeviceHeap::arena_for(s2));
   CHECK(source.reserved.size() == 1);
   step.store(2);
+  owner.join();
+}
+
+TEST_CASE(
+    "device heap: a live thread's arena lends to Lend::idle only after a whole period without "
+    "a request, and stops at its next request") {
+  CountingSource source;
+  DeviceHeap h(source);
+  const std::uintptr_t s1 = 0x7f0000001000;
+  std::atomic<int> step{0};
+  std::atomic<bool> again_served{true};  // asserted here: Catch2's checks are not thread-safe
+  DeviceHeap::Block a;
+  std::thread owner([&] {
+    a = take(h, 64 * KiB, s1);
+    h.free(a.arena, a.node, a.size, s1, 0, 0);
+    step.store(1);
+    while (step.load() != 2) std::this_thread::yield();
+    DeviceHeap::Block again;  // a request (too big to serve): its arena is in use again
+    again_served.store(h.allocate_from_free(4 * MiB, s1, 0, &again));
+    step.store(3);
+    while (step.load() != 4) std::this_thread::yield();
+  });
+  while (step.load() != 1) std::this_thread::yield();
+  const std::uintptr_t s2 = 0x7f0000002000;  // this thread's own arena
+  const std::uint64_t period = ArenaActivity::kPeriodNs;
+  DeviceHeap::Block b;
+  h.tick(0);  // the owner's requests fell in this period: active
+  CHECK(h.free_bytes(s2, DeviceHeap::Lend::idle) == 0);
+  CHECK_FALSE(h.allocate_from_free(64 * KiB, s2, 0, &b, DeviceHeap::Lend::idle));
+  h.tick(period);  // a whole period without one: idle
+  CHECK(h.free_bytes(s2, DeviceHeap::Lend::idle) == 2 * MiB);
+  REQUIRE(h.allocate_from_free(64 * KiB, s2, 0, &b, DeviceHeap::Lend::idle));
+  CHECK(b.ptr == a.ptr);
+  CHECK(b.arena == a.arena);
+  h.free(b.arena, b.node, b.size, s2, 0, 0);
+  step.store(2);
+  while (step.load() != 3) std::this_thread::yield();
+  CHECK_FALSE(again_served.load());
+  CHECK(h.free_bytes(s2, DeviceHeap::Lend::idle) == 0);
+  CHECK_FALSE(h.allocate_from_free(64 * KiB, s2, 0, &b, DeviceHeap::Lend::idle));
+  CHECK(source.reserved.size() == 1);
+  step.store(4);
   owner.join();
 }
 

@@ -474,7 +474,7 @@ TEST_CASE("heap: many threads allocating and freeing leave every byte accounted 
   CHECK(s.stats.cache_misses >= rig.d.calls("cuMemAllocFromPoolAsync"));
   CHECK(s.stats.cache_hits > 0);
   CHECK(s.stats.live_allocs.current == 0);
-  router.tend_heap(0);  // cache=0: every whole free segment goes back
+  router.tend_heap(0, now_ns());  // cache=0: every whole free segment goes back
   s = router.snapshot(0);
   CHECK(s.cached_bytes == 0);
   CHECK(s.pool.used == 0);
@@ -518,7 +518,7 @@ TEST_CASE("heap: an idle trim synchronizes once for blocks no event fence can re
   CUstream s1 = nullptr;
   RealStub real;
   freed_on_new_stream(rig, streams, &s1, real);
-  CHECK(router.tend_heap(0) == 0);  // its fence has not completed: not given back
+  CHECK(router.tend_heap(0, now_ns()) == 0);  // its fence has not completed: not given back
   router.trim_idle(0, 0);
   CHECK(d.calls("cuCtxSynchronize") == 1);
   const DeviceSnapshot s = router.snapshot(0);
@@ -610,14 +610,16 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "heap: bounded memory: from 64 MiB free in a live thread's arena (and an eighth of the "
-    "heap), another thread's miss takes it instead of growing") {
+    "heap: bounded memory: from 64 MiB free in a live thread's arena idle for a period (and an "
+    "eighth of the heap), another thread's miss takes it instead of growing") {
   Rig rig(1, 512 * MiB, with_cache(512 * MiB, testing::with_segments()));
   auto& [d, config, events, router] = rig;
   StreamRegistry streams;  // seen: named streams keep their tokens and their threads' arenas
   streams.mark_observed();
   router.set_stream_registry(&streams);
-  LiveNeighbour neighbour(rig, 6);  // 72 MiB free in its arena
+  LiveNeighbour neighbour(rig, 6);                    // 72 MiB free in its arena
+  router.tend_heap(0, 1);                             // the period of the neighbour's requests ends
+  router.tend_heap(0, 1 + ArenaActivity::kPeriodNs);  // a whole period without one
   d.make_current(0);
   RealStub real;
   const CUstream s2 = make_stream(d);
@@ -626,6 +628,52 @@ TEST_CASE(
   CHECK(std::find(neighbour.blocks.begin(), neighbour.blocks.end(), mine) !=
         neighbour.blocks.end());
   CHECK(router.snapshot(0).stats.bounded_syncs == 0);  // ready: no synchronization needed
+}
+
+TEST_CASE(
+    "heap: a live thread's arena that made requests in the last period keeps its free memory: "
+    "another thread's miss grows its own arena, with no synchronization") {
+  Rig rig(1, 512 * MiB, with_cache(512 * MiB, testing::with_segments()));
+  auto& [d, config, events, router] = rig;
+  StreamRegistry streams;
+  streams.mark_observed();
+  router.set_stream_registry(&streams);
+  LiveNeighbour neighbour(rig, 6);  // 72 MiB free in its arena, its working set
+  router.tend_heap(0, 1);           // its requests fell in this period: active
+  d.make_current(0);
+  RealStub real;
+  const CUstream s2 = make_stream(d);
+  const auto syncs = d.calls("cuCtxSynchronize");  // the neighbour's cudaFree calls made 6
+  void* mine = async_alloc(router, 0, 12 * MiB, s2, real);
+  CHECK(router.snapshot(0).pool.reserved == 84 * MiB);  // grown by one 12 MiB segment
+  for (void* b : neighbour.blocks) CHECK(mine != b);
+  CHECK(router.snapshot(0).stats.bounded_syncs == 0);
+  CHECK(d.calls("cuCtxSynchronize") == syncs);
+}
+
+TEST_CASE(
+    "heap: out of memory, a free block of a live thread's active arena serves the retry before "
+    "any segment goes back") {
+  Rig rig(1, 80 * MiB, with_cache(512 * MiB, testing::with_segments()));
+  auto& [d, config, events, router] = rig;
+  StreamRegistry streams;
+  streams.mark_observed();
+  router.set_stream_registry(&streams);
+  LiveNeighbour neighbour(rig, 6);  // 72 MiB of the device's 80 free in its active arena
+  router.tend_heap(0, 1);
+  d.make_current(0);
+  RealStub real;
+  const CUstream s2 = make_stream(d);
+  void* mine = async_alloc(router, 0, 12 * MiB, s2, real);  // 12 MiB more would not fit
+  REQUIRE(mine != nullptr);
+  CHECK(std::find(neighbour.blocks.begin(), neighbour.blocks.end(), mine) !=
+        neighbour.blocks.end());
+  const DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.pool.reserved == 72 * MiB);
+  CHECK(s.stats.oom_retries == 1);
+  CHECK(s.stats.oom_retry_successes == 1);
+  CHECK(s.stats.cache_returns == 0);  // nothing given back: the free block served
+  CHECK(real.calls == 0);
 }
 
 TEST_CASE(

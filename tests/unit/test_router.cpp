@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "clock.h"
 #include "driver_double.h"
 #include "records.h"
 #include "router.h"
@@ -66,7 +67,7 @@ TEST_CASE(
   CHECK(q == p);  // the heap's block, no new reservation
   CHECK(d.calls("cuMemAllocFromPoolAsync") == 1);
   router.free_sync(q, 0, real);
-  CHECK(router.tend_heap(0) == 2 * MiB);  // keeps nothing beyond what is in use
+  CHECK(router.tend_heap(0, now_ns()) == 2 * MiB);  // keeps nothing beyond what is in use
   s = router.snapshot(0);
   CHECK(s.pool.used == 0);
   CHECK(s.pool.reserved == 2 * MiB);  // the pool keeps it until a trim
@@ -392,7 +393,7 @@ TEST_CASE(
   CHECK(s.stats.frees == 1600);
   CHECK(s.stats.live_allocs.current == 0);
   CHECK(s.stats.requested_bytes.current == 0);
-  router.tend_heap(0);  // cache=0: every whole free segment goes back
+  router.tend_heap(0, now_ns());  // cache=0: every whole free segment goes back
   CHECK(router.snapshot(0).pool.used == 0);
 }
 
