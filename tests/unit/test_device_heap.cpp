@@ -76,20 +76,52 @@ TEST_CASE("device heap: a new thread takes over an exited thread's arena and its
   CHECK(source.reserved.size() == 1);
 }
 
+namespace {
+
+// Another thread, alive until finish(), that takes a 64 KiB block on its own stream and frees it
+// ready for every stream into its arena; on resume() it makes `request` (its arena is in use
+// again). Its results are asserted on the test's thread: Catch2's checks are not thread-safe.
+struct LiveOwner {
+  DeviceHeap& h;
+  std::atomic<int> step{0};
+  std::atomic<bool> request_served{true};
+  DeviceHeap::Block a;
+  std::thread thread;
+  LiveOwner(DeviceHeap& heap, std::uint64_t request) : h(heap) {
+    thread = std::thread([this, request] {
+      const std::uintptr_t s1 = 0x7f0000001000;
+      a = take(h, 64 * KiB, s1);
+      h.free(a.arena, a.node, a.size, s1, 0, 0);
+      advance_to(1);
+      wait_for(2);
+      DeviceHeap::Block again;
+      request_served.store(h.allocate_from_free(request, s1, 0, &again));
+      advance_to(3);
+      wait_for(4);
+    });
+    wait_for(1);
+  }
+  void resume() {
+    advance_to(2);
+    wait_for(3);
+  }
+  void finish() {
+    if (step.load() < 2) resume();
+    advance_to(4);
+    thread.join();
+  }
+  void advance_to(int n) { step.store(n); }
+  void wait_for(int n) const {
+    while (step.load() != n) std::this_thread::yield();
+  }
+};
+
+}  // namespace
+
 TEST_CASE("device heap: a live thread's arena lends its free memory only when asked") {
   CountingSource source;
   DeviceHeap h(source);
-  const std::uintptr_t s1 = 0x7f0000001000;
-  std::atomic<int> step{0};
-  DeviceHeap::Block a;
-  // Another thread, alive throughout, frees a ready block into its own arena.
-  std::thread owner([&] {
-    a = take(h, 64 * KiB, s1);
-    h.free(a.arena, a.node, a.size, s1, 0, 0);
-    step.store(1);
-    while (step.load() != 2) std::this_thread::yield();
-  });
-  while (step.load() != 1) std::this_thread::yield();
+  LiveOwner owner(h, 4 * MiB);
   const std::uintptr_t s2 = 0x7f0000002000;  // this thread's own arena
   DeviceHeap::Block b;
   CHECK_FALSE(h.allocate_from_free(64 * KiB, s2, 0, &b));
@@ -97,12 +129,11 @@ TEST_CASE("device heap: a live thread's arena lends its free memory only when as
   CHECK(h.free_bytes(s2, DeviceHeap::Lend::unheld) == 0);
   CHECK(h.free_bytes(s2, DeviceHeap::Lend::any) == 2 * MiB);
   REQUIRE(h.allocate_from_free(64 * KiB, s2, 0, &b, DeviceHeap::Lend::any));
-  CHECK(b.ptr == a.ptr);
-  CHECK(b.arena == a.arena);
+  CHECK(b.ptr == owner.a.ptr);
+  CHECK(b.arena == owner.a.arena);
   CHECK(b.arena != DeviceHeap::arena_for(s2));
   CHECK(source.reserved.size() == 1);
-  step.store(2);
-  owner.join();
+  owner.finish();
 }
 
 TEST_CASE(
@@ -110,21 +141,7 @@ TEST_CASE(
     "a request, and stops at its next request") {
   CountingSource source;
   DeviceHeap h(source);
-  const std::uintptr_t s1 = 0x7f0000001000;
-  std::atomic<int> step{0};
-  std::atomic<bool> again_served{true};  // asserted here: Catch2's checks are not thread-safe
-  DeviceHeap::Block a;
-  std::thread owner([&] {
-    a = take(h, 64 * KiB, s1);
-    h.free(a.arena, a.node, a.size, s1, 0, 0);
-    step.store(1);
-    while (step.load() != 2) std::this_thread::yield();
-    DeviceHeap::Block again;  // a request (too big to serve): its arena is in use again
-    again_served.store(h.allocate_from_free(4 * MiB, s1, 0, &again));
-    step.store(3);
-    while (step.load() != 4) std::this_thread::yield();
-  });
-  while (step.load() != 1) std::this_thread::yield();
+  LiveOwner owner(h, 4 * MiB);               // its request on resume: too big to serve
   const std::uintptr_t s2 = 0x7f0000002000;  // this thread's own arena
   const std::uint64_t period = ArenaActivity::kPeriodNs;
   DeviceHeap::Block b;
@@ -134,17 +151,15 @@ TEST_CASE(
   h.tick(period);  // a whole period without one: idle
   CHECK(h.free_bytes(s2, DeviceHeap::Lend::idle) == 2 * MiB);
   REQUIRE(h.allocate_from_free(64 * KiB, s2, 0, &b, DeviceHeap::Lend::idle));
-  CHECK(b.ptr == a.ptr);
-  CHECK(b.arena == a.arena);
+  CHECK(b.ptr == owner.a.ptr);
+  CHECK(b.arena == owner.a.arena);
   h.free(b.arena, b.node, b.size, s2, 0, 0);
-  step.store(2);
-  while (step.load() != 3) std::this_thread::yield();
-  CHECK_FALSE(again_served.load());
+  owner.resume();  // a request: its arena is in use again
+  CHECK_FALSE(owner.request_served.load());
   CHECK(h.free_bytes(s2, DeviceHeap::Lend::idle) == 0);
   CHECK_FALSE(h.allocate_from_free(64 * KiB, s2, 0, &b, DeviceHeap::Lend::idle));
   CHECK(source.reserved.size() == 1);
-  step.store(4);
-  owner.join();
+  owner.finish();
 }
 
 TEST_CASE(

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -583,97 +584,85 @@ struct LiveNeighbour {
   }
 };
 
+// A rig whose named streams are seen (they keep their tokens and their threads' arenas), a
+// live neighbour with `blocks` 12 MiB blocks free in its arena, the arenas' activity period
+// turned `turns` times (none: nothing idle yet; 1: the neighbour's requests fell in the period
+// that ended, it is active; 2: a whole period without one, idle), and this thread's stream.
+struct BesideNeighbour {
+  Rig rig;
+  StreamRegistry streams;
+  std::unique_ptr<LiveNeighbour> neighbour;  // declared after rig: exits before it goes
+  CUstream s2 = nullptr;
+  RealStub real;
+  BesideNeighbour(std::uint64_t device_bytes, int blocks, int turns)
+      : rig(1, device_bytes, with_cache(512 * MiB, testing::with_segments())) {
+    streams.mark_observed();
+    rig.router.set_stream_registry(&streams);
+    neighbour = std::make_unique<LiveNeighbour>(rig, blocks);
+    for (int i = 0; i < turns; ++i) rig.router.tend_heap(0, 1 + i * ArenaActivity::kPeriodNs);
+    rig.d.make_current(0);
+    s2 = make_stream(rig.d);
+  }
+  void* allocate() { return async_alloc(rig.router, 0, 12 * MiB, s2, real); }
+  bool neighbours(void* p) const {
+    return std::find(neighbour->blocks.begin(), neighbour->blocks.end(), p) !=
+           neighbour->blocks.end();
+  }
+  DeviceSnapshot snapshot() { return rig.router.snapshot(0); }
+};
+
 }  // namespace
 
 TEST_CASE(
     "heap: under 64 MiB free in a live thread's arena, another thread grows its own arena "
     "rather than lock it; once that thread has exited, its memory serves") {
-  Rig rig(1, 512 * MiB, with_cache(512 * MiB, testing::with_segments()));
-  auto& [d, config, events, router] = rig;
-  StreamRegistry streams;  // seen: named streams keep their tokens and their threads' arenas
-  streams.mark_observed();
-  router.set_stream_registry(&streams);
-  LiveNeighbour neighbour(rig, 4);  // 48 MiB free in its arena
-  REQUIRE(router.snapshot(0).pool.reserved == 48 * MiB);
-  d.make_current(0);
-  RealStub real;
-  const CUstream s2 = make_stream(d);
-  void* mine = async_alloc(router, 0, 12 * MiB, s2, real);
-  CHECK(router.snapshot(0).pool.reserved == 60 * MiB);  // grown by one 12 MiB segment
-  for (void* b : neighbour.blocks) CHECK(mine != b);
-  neighbour.exit();
-  void* next = async_alloc(router, 0, 12 * MiB, s2, real);
-  CHECK(router.snapshot(0).pool.reserved == 60 * MiB);  // the exited thread's block, no growth
-  CHECK(std::find(neighbour.blocks.begin(), neighbour.blocks.end(), next) !=
-        neighbour.blocks.end());
-  CHECK(router.snapshot(0).stats.bounded_syncs == 0);
+  BesideNeighbour t(512 * MiB, 4, 0);  // 48 MiB free in its arena
+  REQUIRE(t.snapshot().pool.reserved == 48 * MiB);
+  void* mine = t.allocate();
+  CHECK(t.snapshot().pool.reserved == 60 * MiB);  // grown by one 12 MiB segment
+  CHECK_FALSE(t.neighbours(mine));
+  t.neighbour->exit();
+  void* next = t.allocate();
+  CHECK(t.snapshot().pool.reserved == 60 * MiB);  // the exited thread's block, no growth
+  CHECK(t.neighbours(next));
+  CHECK(t.snapshot().stats.bounded_syncs == 0);
 }
 
 TEST_CASE(
     "heap: bounded memory: from 64 MiB free in a live thread's arena idle for a period (and an "
     "eighth of the heap), another thread's miss takes it instead of growing") {
-  Rig rig(1, 512 * MiB, with_cache(512 * MiB, testing::with_segments()));
-  auto& [d, config, events, router] = rig;
-  StreamRegistry streams;  // seen: named streams keep their tokens and their threads' arenas
-  streams.mark_observed();
-  router.set_stream_registry(&streams);
-  LiveNeighbour neighbour(rig, 6);                    // 72 MiB free in its arena
-  router.tend_heap(0, 1);                             // the period of the neighbour's requests ends
-  router.tend_heap(0, 1 + ArenaActivity::kPeriodNs);  // a whole period without one
-  d.make_current(0);
-  RealStub real;
-  const CUstream s2 = make_stream(d);
-  void* mine = async_alloc(router, 0, 12 * MiB, s2, real);
-  CHECK(router.snapshot(0).pool.reserved == 72 * MiB);  // no growth
-  CHECK(std::find(neighbour.blocks.begin(), neighbour.blocks.end(), mine) !=
-        neighbour.blocks.end());
-  CHECK(router.snapshot(0).stats.bounded_syncs == 0);  // ready: no synchronization needed
+  BesideNeighbour t(512 * MiB, 6, 2);  // 72 MiB free in its idle arena
+  void* mine = t.allocate();
+  CHECK(t.snapshot().pool.reserved == 72 * MiB);  // no growth
+  CHECK(t.neighbours(mine));
+  CHECK(t.snapshot().stats.bounded_syncs == 0);  // ready: no synchronization needed
 }
 
 TEST_CASE(
     "heap: a live thread's arena that made requests in the last period keeps its free memory: "
     "another thread's miss grows its own arena, with no synchronization") {
-  Rig rig(1, 512 * MiB, with_cache(512 * MiB, testing::with_segments()));
-  auto& [d, config, events, router] = rig;
-  StreamRegistry streams;
-  streams.mark_observed();
-  router.set_stream_registry(&streams);
-  LiveNeighbour neighbour(rig, 6);  // 72 MiB free in its arena, its working set
-  router.tend_heap(0, 1);           // its requests fell in this period: active
-  d.make_current(0);
-  RealStub real;
-  const CUstream s2 = make_stream(d);
-  const auto syncs = d.calls("cuCtxSynchronize");  // the neighbour's cudaFree calls made 6
-  void* mine = async_alloc(router, 0, 12 * MiB, s2, real);
-  CHECK(router.snapshot(0).pool.reserved == 84 * MiB);  // grown by one 12 MiB segment
-  for (void* b : neighbour.blocks) CHECK(mine != b);
-  CHECK(router.snapshot(0).stats.bounded_syncs == 0);
-  CHECK(d.calls("cuCtxSynchronize") == syncs);
+  BesideNeighbour t(512 * MiB, 6, 1);  // 72 MiB free in its active arena, its working set
+  const auto syncs = t.rig.d.calls("cuCtxSynchronize");  // the neighbour's cudaFree calls made 6
+  void* mine = t.allocate();
+  CHECK(t.snapshot().pool.reserved == 84 * MiB);  // grown by one 12 MiB segment
+  CHECK_FALSE(t.neighbours(mine));
+  CHECK(t.snapshot().stats.bounded_syncs == 0);
+  CHECK(t.rig.d.calls("cuCtxSynchronize") == syncs);
 }
 
 TEST_CASE(
     "heap: out of memory, a free block of a live thread's active arena serves the retry before "
     "any segment goes back") {
-  Rig rig(1, 80 * MiB, with_cache(512 * MiB, testing::with_segments()));
-  auto& [d, config, events, router] = rig;
-  StreamRegistry streams;
-  streams.mark_observed();
-  router.set_stream_registry(&streams);
-  LiveNeighbour neighbour(rig, 6);  // 72 MiB of the device's 80 free in its active arena
-  router.tend_heap(0, 1);
-  d.make_current(0);
-  RealStub real;
-  const CUstream s2 = make_stream(d);
-  void* mine = async_alloc(router, 0, 12 * MiB, s2, real);  // 12 MiB more would not fit
+  BesideNeighbour t(80 * MiB, 6, 1);  // 72 MiB of the device's 80 free in its active arena
+  void* mine = t.allocate();          // 12 MiB more would not fit
   REQUIRE(mine != nullptr);
-  CHECK(std::find(neighbour.blocks.begin(), neighbour.blocks.end(), mine) !=
-        neighbour.blocks.end());
-  const DeviceSnapshot s = router.snapshot(0);
+  CHECK(t.neighbours(mine));
+  const DeviceSnapshot s = t.snapshot();
   CHECK(s.pool.reserved == 72 * MiB);
   CHECK(s.stats.oom_retries == 1);
   CHECK(s.stats.oom_retry_successes == 1);
   CHECK(s.stats.cache_returns == 0);  // nothing given back: the free block served
-  CHECK(real.calls == 0);
+  CHECK(t.real.calls == 0);
 }
 
 TEST_CASE(
