@@ -46,8 +46,9 @@ namespace poolshim {
     "auto: ordered in a PyTorch process (libc10_cuda.so loaded), sync otherwise.")                 \
   X(cache, Size, "64M",                                                                            \
     "Free memory the heap keeps beyond the memory in use: whole free segments per device, and "    \
-    "mapped free pages per paged arena (past them a request first moves free pages); more go "     \
-    "back every tick of the background thread (bytes with K/M/G/T, or % of device memory).")       \
+    "mapped free pages of all paged arenas together (past them a request first moves free "        \
+    "pages); more go back every tick of the background thread (bytes with K/M/G/T, or % of "       \
+    "device memory).")                                                                             \
   X(page, Size, "20M",                                                                             \
     "Page of the heap's paged large arenas: requests over 1 MiB are placed in one range of "       \
     "reserved addresses per arena and only the pages under blocks in use (and `cache` more) are "  \

@@ -5,12 +5,14 @@
 
 namespace poolshim {
 
-DeviceHeap::DeviceHeap(SegmentSource& source, const Paging& paging) {
+DeviceHeap::DeviceHeap(SegmentSource& source, const Paging& paging) : slack_(paging.slack) {
   for (int i = 0; i < kArenas; ++i) {
     if (paging.physical != nullptr) {
       pages_[i] = std::make_unique<PageMap>(*paging.physical, paging.page, paging.span);
     }
     arenas_[i] = std::make_unique<SegmentAllocator>(source, pages_[i].get(), paging.slack);
+    // One budget of mapped free pages for all the paged arenas (shared_slack.h).
+    if (pages_[i]) arenas_[i]->share_slack(&slack_, slack_.join(arenas_[i].get()));
   }
 }
 

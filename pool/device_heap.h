@@ -22,6 +22,7 @@
 #include "arena_claims.h"
 #include "page_map.h"
 #include "segment_allocator.h"
+#include "shared_slack.h"
 
 namespace poolshim {
 
@@ -43,8 +44,9 @@ class DeviceHeap {
   };
 
   /// The paged large arenas (page_map.h): with `physical`, each arena places its requests over
-  /// 1 MiB in a range of `span` addresses backed by pages of `page` bytes, holding at most
-  /// `slack` mapped bytes beyond its blocks before it claims free pages.
+  /// 1 MiB in a range of `span` addresses backed by pages of `page` bytes; together they hold
+  /// at most `slack` mapped bytes beyond their blocks before a request claims free pages of its
+  /// arena (shared_slack.h).
   struct Paging {
     PhysicalMemory* physical = nullptr;  // null: large blocks from segments of the source
     std::uint64_t page = 0;
@@ -111,7 +113,8 @@ class DeviceHeap {
   /// (`mine`: the thread's claimed arena, or -1).
   bool may_take(int i, int own, int mine, Lend lend) const;
 
-  std::array<std::unique_ptr<PageMap>, kArenas> pages_;  // declared first: destroyed last
+  SharedSlack slack_;                                    // the paged arenas' one budget
+  std::array<std::unique_ptr<PageMap>, kArenas> pages_;  // destroyed after the arenas
   std::array<std::unique_ptr<SegmentAllocator>, kArenas> arenas_;
   ArenaActivity activity_;
 };

@@ -2,6 +2,7 @@
 
 #include "atomic_max.h"
 #include "page_map.h"
+#include "shared_slack.h"
 
 #include <sys/mman.h>
 
@@ -342,6 +343,13 @@ int SegmentAllocator::allocate_paged(std::uint64_t size, std::uintptr_t affinity
   return 1;
 }
 
+std::uint64_t SegmentAllocator::paged_excess() const {
+  if (pages_ == nullptr) return 0;
+  const std::uint64_t mapped = pages_->mapped_bytes();
+  const std::uint64_t used = paged_allocated_.load(std::memory_order_relaxed);
+  return mapped > used ? mapped - used : 0;
+}
+
 CUresult SegmentAllocator::back(const Node* node, std::uint64_t completed) {
   std::lock_guard<std::mutex> guard(pages_->mutex());
   const std::uint64_t missing = pages_->unmapped_bytes(node->ptr, node->size);
@@ -349,7 +357,8 @@ CUresult SegmentAllocator::back(const Node* node, std::uint64_t completed) {
   // Free pages elsewhere in the range serve first, beyond the slack: memory follows the
   // blocks in use instead of growing with the range's fragmentation.
   const std::uint64_t mapped = pages_->mapped_bytes();
-  const std::uint64_t budget = paged_allocated_.load(std::memory_order_relaxed) + slack_;
+  const std::uint64_t slack = share_ != nullptr ? share_->allowance(share_member_) : slack_;
+  const std::uint64_t budget = paged_allocated_.load(std::memory_order_relaxed) + slack;
   if (mapped + missing > budget) harvest(std::min(missing, mapped + missing - budget), completed);
   // Out of memory, the caller's retry (trim(0) after a synchronization) frees every free page.
   const CUresult r = pages_->commit(node->ptr, node->size);

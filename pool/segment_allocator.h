@@ -53,6 +53,7 @@
 namespace poolshim {
 
 class PageMap;
+class SharedSlack;
 
 /// Where segments come from and go back to: the device's cudaMemPool (DevicePoolSegments), or a
 /// test's stand-in.
@@ -108,6 +109,12 @@ class SegmentAllocator {
                             std::uint64_t slack = 0);
   ~SegmentAllocator();
   SegmentAllocator(const SegmentAllocator&) = delete;
+  /// From now on the paged arena's slack is its allowance in `share` (shared_slack.h) instead of
+  /// `slack`. Before any request.
+  void share_slack(const SharedSlack* share, int member) {
+    share_ = share;
+    share_member_ = member;
+  }
   SegmentAllocator& operator=(const SegmentAllocator&) = delete;
 
   /// `bytes` rounded to the granule (what a block of the request holds).
@@ -150,6 +157,8 @@ class SegmentAllocator {
   std::uint64_t free_bytes() const { return free_bytes_.load(std::memory_order_relaxed); }
   std::uint64_t free_peak() const { return free_peak_.load(std::memory_order_relaxed); }
   std::uint64_t allocated_bytes() const { return allocated_.load(std::memory_order_relaxed); }
+  /// Mapped bytes of the paged range beyond its blocks in use (0 without a page map), lock-free.
+  std::uint64_t paged_excess() const;
   /// Whether a free block may still wait for a fence later than `completed` (one is worth
   /// starting), without the lock.
   bool waiting(std::uint64_t completed) const {
@@ -189,6 +198,8 @@ class SegmentAllocator {
   SegmentSource& source_;
   PageMap* const pages_;
   const std::uint64_t slack_;
+  const SharedSlack* share_ = nullptr;  // when set, the slack is its allowance
+  int share_member_ = -1;
   Segment* paged_ = nullptr;                       // the page map's range, once added
   std::atomic<std::uint64_t> paged_allocated_{0};  // bytes of blocks handed out from it
   mutable SpinLock lock_;

@@ -6,6 +6,7 @@
 #include "counting_source.h"
 #include "page_map.h"
 #include "segment_allocator.h"
+#include "shared_slack.h"
 
 using namespace poolshim;
 using poolshim::testing::CountingPhysical;
@@ -105,6 +106,54 @@ TEST_CASE("paged: the slack keeps free pages mapped up to its size") {
   CHECK(physical.created.size() == 5);
   a.free(y, 0, 0);
   a.free(z, 0, 0);
+}
+
+namespace {
+
+struct SharedRun {
+  std::size_t unmaps = 0;
+  std::uint64_t mapped = 0;
+  std::uint64_t excess = 0;
+};
+
+// Arenas a and b share an 8 MiB slack; a first keeps `a_spare` bytes of free pages mapped, then
+// b runs the sequence of "the slack keeps free pages mapped up to its size".
+SharedRun run_beside(std::uint64_t a_spare) {
+  CountingSource source;
+  CountingPhysical physical;
+  SharedSlack share(8 * MiB);
+  PageMap pages_a(physical, kPage, kSpan);
+  PageMap pages_b(physical, kPage, kSpan);
+  SegmentAllocator a(source, &pages_a, 0);
+  SegmentAllocator b(source, &pages_b, 0);
+  a.share_slack(&share, share.join(&a));
+  b.share_slack(&share, share.join(&b));
+  if (a_spare > 0) a.free(take(a, a_spare), 0, 0);
+  const Block x = take(b, 16 * MiB);
+  const Block y = take(b, 8 * MiB);
+  b.free(x, 0, 0);
+  const Block z = take(b, 24 * MiB);  // 24 MiB missing, 24 mapped, 32 in use after it
+  SharedRun r{physical.unmaps.size(), pages_b.mapped_bytes(), b.paged_excess()};
+  b.free(y, 0, 0);
+  b.free(z, 0, 0);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "paged: arenas sharing one slack: free pages another arena keeps mapped use it up, and a "
+    "request moves its own pages instead") {
+  // a holds nothing spare: b has the whole 8 MiB, one page moves (48 > 32 + 8 by 8 MiB).
+  const SharedRun alone = run_beside(0);
+  CHECK(alone.unmaps == 1);
+  CHECK(alone.mapped == 40 * MiB);
+  CHECK(alone.excess == 8 * MiB);
+  // a keeps one free page mapped: b's allowance is 0, both of x's pages move (as with no slack).
+  const SharedRun beside = run_beside(8 * MiB);
+  CHECK(beside.unmaps == 2);
+  CHECK(beside.mapped == 32 * MiB);
+  CHECK(beside.excess == 0);
 }
 
 TEST_CASE("paged: pages under a block whose fence has not completed never move") {
