@@ -44,6 +44,16 @@ bool DeviceHeap::may_take(int i, int own, int mine, Lend lend) const {
   return lend == Lend::idle && activity_.idle(i);
 }
 
+template <typename F>
+bool DeviceHeap::any_reachable(std::uintptr_t token, Lend lend, F&& f) const {
+  const int own = arena_for(token);
+  const int mine = thread_arena_if_claimed();
+  for (int i = 0; i < kArenas; ++i) {
+    if (may_take(i, own, mine, lend) && f(i)) return true;
+  }
+  return false;
+}
+
 bool DeviceHeap::allocate_from_free(std::uint64_t bytes, std::uintptr_t token,
                                     std::uint64_t completed, Block* out, Lend lend) {
   const int own = arena_for(token);
@@ -53,16 +63,13 @@ bool DeviceHeap::allocate_from_free(std::uint64_t bytes, std::uintptr_t token,
     *out = from(b, own);
     return true;
   }
-  const int mine = thread_arena_if_claimed();
-  for (int i = 0; i < kArenas; ++i) {
+  return any_reachable(token, lend, [&](int i) {
     // An arena that holds less free memory than the request cannot serve it: skip its lock.
-    if (i == own || arenas_[i]->free_bytes() < bytes || !may_take(i, own, mine, lend)) continue;
-    if (arenas_[i]->allocate_from_free(bytes, token, completed, &b)) {
-      *out = from(b, i);
-      return true;
-    }
-  }
-  return false;
+    if (i == own || arenas_[i]->free_bytes() < bytes) return false;
+    if (!arenas_[i]->allocate_from_free(bytes, token, completed, &b)) return false;
+    *out = from(b, i);
+    return true;
+  });
 }
 
 bool DeviceHeap::allocate(std::uint64_t bytes, std::uintptr_t token, std::uint64_t completed,
@@ -92,34 +99,25 @@ std::uint64_t DeviceHeap::trim(std::uint64_t keep, std::uint64_t completed) {
 }
 
 std::uint64_t DeviceHeap::coalesce(std::uint64_t completed, std::uintptr_t token, Lend lend) {
-  const int own = arena_for(token);
-  const int mine = thread_arena_if_claimed();
   std::uint64_t merges = 0;
-  for (int i = 0; i < kArenas; ++i) {
-    if (arenas_[i]->free_bytes() > 0 && may_take(i, own, mine, lend)) {
-      merges += arenas_[i]->coalesce(completed);
-    }
-  }
+  any_reachable(token, lend, [&](int i) {
+    if (arenas_[i]->free_bytes() > 0) merges += arenas_[i]->coalesce(completed);
+    return false;
+  });
   return merges;
 }
 
 std::uint64_t DeviceHeap::free_bytes(std::uintptr_t token, Lend lend) const {
-  const int own = arena_for(token);
-  const int mine = thread_arena_if_claimed();
   std::uint64_t n = 0;
-  for (int i = 0; i < kArenas; ++i) {
-    if (may_take(i, own, mine, lend)) n += arenas_[i]->free_bytes();
-  }
+  any_reachable(token, lend, [&](int i) {
+    n += arenas_[i]->free_bytes();
+    return false;
+  });
   return n;
 }
 
 bool DeviceHeap::waiting(std::uint64_t completed, std::uintptr_t token, Lend lend) const {
-  const int own = arena_for(token);
-  const int mine = thread_arena_if_claimed();
-  for (int i = 0; i < kArenas; ++i) {
-    if (may_take(i, own, mine, lend) && arenas_[i]->waiting(completed)) return true;
-  }
-  return false;
+  return any_reachable(token, lend, [&](int i) { return arenas_[i]->waiting(completed); });
 }
 
 void DeviceHeap::forget_affinity(std::uintptr_t token) {

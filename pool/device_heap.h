@@ -112,6 +112,10 @@ class DeviceHeap {
   /// Whether `lend` lets a request whose own arena is `own` take arena `i`'s free memory
   /// (`mine`: the thread's claimed arena, or -1).
   bool may_take(int i, int own, int mine, Lend lend) const;
+  /// Calls `f(i)` for each arena `i` that `lend` lets a request for `token` take, in order,
+  /// until it returns true; returns whether it did.
+  template <typename F>
+  bool any_reachable(std::uintptr_t token, Lend lend, F&& f) const;
 
   SharedSlack slack_;                                    // the paged arenas' one budget
   std::array<std::unique_ptr<PageMap>, kArenas> pages_;  // destroyed after the arenas

@@ -127,8 +127,7 @@ CUresult Router::take_block(DevicePool& pool, std::size_t bytes, std::uintptr_t 
   // bounded relative to it. The stall is the native cudaFree's, paid once for many frees.
   const std::uint64_t free = hit ? 0 : heap.free_bytes(token, DeviceHeap::Lend::idle);
   if (!hit && free >= SegmentAllocator::segment_for(bytes)) {
-    const bool pressed =
-        free >= kBoundedSlackMin && free >= (heap.free_bytes() + heap.allocated()) / 8;
+    const bool pressed = free >= kBoundedSlackMin && free >= heap.reserved() / 8;
     const DeviceHeap::Lend lend = pressed ? DeviceHeap::Lend::idle : DeviceHeap::Lend::unheld;
     if (pressed) hit = from_free(lend);
     if (!hit && heap.coalesce(fences.completed(), token, lend) > 0) hit = from_free(lend);

@@ -10,7 +10,6 @@
 #pragma once
 
 #include <array>
-#include <atomic>
 #include <cstdint>
 
 namespace poolshim {
@@ -35,7 +34,6 @@ class SharedSlack {
   /// What member `self` may hold mapped beyond its blocks in use: the budget less the other
   /// members' excess (0 when they hold it all).
   std::uint64_t allowance(int self) const;
-  std::uint64_t budget() const { return budget_; }
 
  private:
   struct Entry {
