@@ -554,7 +554,10 @@ bool Router::advance_fences(DevicePool& pool, bool may_start) {
   }
   // Only an event behind every stream of the device makes a fence without a host stall; where
   // the streams' order proves nothing, blocks wait for a synchronizing cudaFree or an OOM.
-  if (may_start && pool.heap().waiting(fences.completed()) && unordered_reason(pool) == nullptr) {
+  // Nothing is recorded on the application's streams while a capture is in progress anywhere
+  // (a record would join it); capture_counted() waits for a start that read none.
+  if (may_start && pool.heap().waiting(fences.completed()) && unordered_reason(pool) == nullptr &&
+      (captures_active_ == nullptr || !captures_active_())) {
     const std::uint64_t k = fences.start();
     DeviceStats& s = stats(pool.ordinal());
     s.bump(&CounterShard::fences);
@@ -586,9 +589,10 @@ std::uint64_t Router::tend_heap(int device, std::uint64_t now) {
   pool->heap().tick(now);
   if (pool->heap().free_bytes() == 0) return 0;
   RelaxedCaptureScope relaxed(driver_);
-  // Polls the fence in flight only: starting one records on the application's streams, which
-  // a capture beginning on another thread at that moment would take in (misses start them).
-  advance_fences(*pool, false);
+  // Polls the fence in flight and starts the next one while blocks wait for it (not during a
+  // capture: advance_fences), so that blocks freed on non-blocking streams, which hits never
+  // fence, become ready for every stream and for the trim below within two ticks.
+  advance_fences(*pool, true);
   // Whole free segments beyond what is kept go back to the pool (which keeps them until it is
   // trimmed: idle trim, out-of-memory).
   DeviceHeap& heap = pool->heap();
@@ -728,6 +732,14 @@ void Router::before_capture() {
   for (int d = 0; d < kMaxDevices; ++d) {
     DevicePool* pool = existing_pool(d);
     if (pool != nullptr && pool->proxy() == 0) pool->renew_proxy();
+  }
+}
+
+void Router::capture_counted() {
+  // A fence start checks the probe under the pool's fence mutex: one that read no capture
+  // finishes its records before this returns; one after it sees the capture.
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (DevicePool* pool = existing_pool(d)) std::lock_guard<std::mutex> gate(pool->fence_mutex());
   }
 }
 

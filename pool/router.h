@@ -106,6 +106,10 @@ class Router {
   /// A stream capture is about to begin: every pool gets its proxy (DevicePool::proxy) now,
   /// while the allocation cannot join a capture.
   void before_capture();
+  /// A capture about to begin is counted (the capture probe reads it): waits for any fence
+  /// being started (its records on the application's streams), so that none lands in the
+  /// capture; later fence starts see the count and start nothing.
+  void capture_counted();
   /// An allocation call passed straight to the real function.
   void note_passthrough_alloc(int device);
   /// An allocation from the application's own pool (cuMemAllocFromPoolAsync), passed through.

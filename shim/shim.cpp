@@ -360,18 +360,22 @@ bool captures_active() {
 }
 
 void capture_began(cudaStream_t stream) {
-  if (Router* router = router_if_running()) router->before_capture();
+  Router* router = router_if_running();
+  if (router != nullptr) router->before_capture();
   State& s = state();
-  std::lock_guard<SpinLock> lock(s.capture_lock);
-  // Counted even when no slot is free (it can then never be uncounted, which only keeps
-  // allocations unpooled: safe).
-  s.active_captures.fetch_add(1, std::memory_order_acq_rel);
-  for (auto& slot : s.captures) {
-    if (!slot.used) {
-      slot = State::Capture{stream, true};
-      return;
+  {
+    std::lock_guard<SpinLock> lock(s.capture_lock);
+    // Counted even when no slot is free (it can then never be uncounted, which only keeps
+    // allocations unpooled: safe).
+    s.active_captures.fetch_add(1, std::memory_order_acq_rel);
+    for (auto& slot : s.captures) {
+      if (!slot.used) {
+        slot = State::Capture{stream, true};
+        break;
+      }
     }
   }
+  if (router != nullptr) router->capture_counted();  // no fence start lands in the capture
 }
 
 void capture_ended(cudaStream_t stream) {

@@ -725,3 +725,61 @@ TEST_CASE("stats: a histogram bucket read between an allocation and its free nev
   snap = take_snapshot(stats);
   CHECK(snap.histogram[12] == 1);
 }
+
+namespace {
+
+// A stream s1 listed with its event (event fences possible; the double's events complete at
+// once), and a 4 KiB block allocated and freed on it: it serves s1 at once and every other
+// stream after a fence, which no hit and no free starts.
+void freed_on_fenced_stream(Rig& rig, StreamRegistry& streams) {
+  streams.mark_observed();
+  rig.router.set_stream_registry(&streams);
+  rig.d.make_current(0);
+  const CUstream s1 = make_stream(rig.d);
+  CUevent e = nullptr;
+  REQUIRE(rig.d.api.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS);
+  streams.add({s1, 0, e});
+  RealStub real;
+  void* p = async_alloc(rig.router, 0, 4096, s1, real);
+  REQUIRE(p != nullptr);
+  rig.router.free_async(p, s1, real);
+  REQUIRE(rig.router.snapshot(0).stats.fences == 0);
+  REQUIRE(rig.router.snapshot(0).cached_bytes == 2 * MiB);
+}
+
+bool capture_in_progress() {
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "heap: the background tick starts the fence of blocks freed on a non-blocking stream, and "
+    "trims them once it completes") {
+  Rig rig(1, 64 * MiB, with_cache(0));
+  StreamRegistry streams;
+  freed_on_fenced_stream(rig, streams);
+  const int records = rig.d.calls("cuEventRecord");
+  // The double's event is done at once: started, completed, and the segment given back.
+  CHECK(rig.router.tend_heap(0, now_ns()) == 2 * MiB);
+  const DeviceSnapshot s = rig.router.snapshot(0);
+  CHECK(s.stats.fences == 1);
+  CHECK(rig.d.calls("cuEventRecord") == records + 3);  // legacy stream, s1, the free stream
+  CHECK(rig.d.calls("cuCtxSynchronize") == 0);         // no host stall
+  CHECK(s.cached_bytes == 0);
+  CHECK(s.pool.used == 0);
+}
+
+TEST_CASE("heap: the background tick starts no fence while a capture is in progress") {
+  Rig rig(1, 64 * MiB, with_cache(0));
+  StreamRegistry streams;
+  freed_on_fenced_stream(rig, streams);
+  const int records = rig.d.calls("cuEventRecord");
+  rig.router.set_capture_probe(&capture_in_progress);
+  CHECK(rig.router.tend_heap(0, now_ns()) == 0);
+  CHECK(rig.d.calls("cuEventRecord") == records);  // nothing recorded on any stream
+  CHECK(rig.router.snapshot(0).stats.fences == 0);
+  CHECK(rig.router.snapshot(0).cached_bytes == 2 * MiB);
+  rig.router.set_capture_probe(nullptr);  // the capture ended
+  CHECK(rig.router.tend_heap(0, now_ns()) == 2 * MiB);
+}
