@@ -5,13 +5,14 @@
 // history records (tests/perf/alloc_trace.py writes one from the GPT-2 loop on a GPU;
 // docs/measurements/2026-12-03-gpt2-alloc-trace.csv.gz is one, gunzipped).
 //
-//     heap_replay [--page MIB] [--slack MIB] TRACE.csv
+//     heap_replay [--page MIB] [--slack MIB] [--unfenced 1] TRACE.csv
 //
 // --page: large blocks in paged arenas (page_map.h) with pages of MIB (0: segments, the
 // default); --slack: the mapped bytes an arena may hold beyond its blocks (default 64).
 //
 // Every free is ready at once (the sync free mode, or stream 0 alone), so the figure is the
-// heap's fragmentation alone.
+// heap's fragmentation alone; with --unfenced 1 no free's fence ever completes, so a freed block
+// serves only its own stream (a non-blocking stream's frees between fences).
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -70,18 +71,22 @@ struct CountingPhysical : poolshim::PhysicalMemory {
 
 int main(int argc, char** argv) {
   std::uint64_t page_mib = 0, slack_mib = 64;
+  bool unfenced = false;
   int arg = 1;
   for (; arg + 1 < argc && argv[arg][0] == '-'; arg += 2) {
     if (std::strcmp(argv[arg], "--page") == 0) {
       page_mib = std::strtoull(argv[arg + 1], nullptr, 10);
     } else if (std::strcmp(argv[arg], "--slack") == 0) {
       slack_mib = std::strtoull(argv[arg + 1], nullptr, 10);
+    } else if (std::strcmp(argv[arg], "--unfenced") == 0) {
+      unfenced = std::strcmp(argv[arg + 1], "0") != 0;
     } else {
       break;
     }
   }
   if (arg + 1 != argc || argv[arg][0] == '-') {
-    std::fprintf(stderr, "usage: heap_replay [--page MIB] [--slack MIB] TRACE.csv\n");
+    std::fprintf(stderr,
+                 "usage: heap_replay [--page MIB] [--slack MIB] [--unfenced 1] TRACE.csv\n");
     return 2;
   }
   std::FILE* f = std::fopen(argv[arg], "r");
@@ -103,14 +108,15 @@ int main(int argc, char** argv) {
   std::uint64_t live_bytes = 0, live_peak = 0, allocs = 0, lines = 0;
   char action[32];
   unsigned long long addr = 0, size = 0, stream = 0;
+  const std::uint64_t completed = unfenced ? 0 : ~0ULL;
   while (std::fscanf(f, "%31[^,],%llu,%llu,%llu\n", action, &addr, &size, &stream) == 4) {
     ++lines;
     const std::uintptr_t token = stream == 0 ? 1 : stream;
     if (std::strcmp(action, "alloc") == 0) {
       DeviceHeap::Block b;
       CUresult why = CUDA_SUCCESS;
-      if (!heap.allocate_from_free(size, token, ~0ULL, &b) &&
-          !heap.allocate(size, token, ~0ULL, &b, &why)) {
+      if (!heap.allocate_from_free(size, token, completed, &b) &&
+          !heap.allocate(size, token, completed, &b, &why)) {
         std::fprintf(stderr, "line %" PRIu64 ": allocation failed\n", lines);
         return 1;
       }
@@ -121,7 +127,8 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(action, "free_requested") == 0) {
       auto it = live.find(addr);
       if (it == live.end()) continue;
-      heap.free(it->second.arena, it->second.node, it->second.size, token, 0, ~0ULL);
+      heap.free(it->second.arena, it->second.node, it->second.size, token, unfenced ? 1 : 0,
+                completed);
       live_bytes -= size;
       live.erase(it);
     }
