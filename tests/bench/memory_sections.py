@@ -13,6 +13,8 @@ within a fixed budget, by bisection over the batch sizes: PyTorch's allocators u
 torch.cuda.set_per_process_memory_fraction, poolshim (PyTorch uncached) under POOLSHIM_LIMIT.
 
 Both return (lines, raw) for the report (facts['footprint'], facts['capacity'] and bench.json).
+Every figure is in MiB (2^20 bytes), the raw keys' `_mb` included; before 2026-12-04 (session 2)
+the printed labels said MB for the same MiB figures.
 """
 
 import os
@@ -151,19 +153,19 @@ def footprint(bench, bins, settings, shim_env, pool_figures, broken):
                     except broken as e:
                         lines.append(f"{title} / {name}: {e}")
                 runs[name].append(m)
-                bench.progress(f"footprint {key} round {r}: {name}: NVML peak {peak / MiB:.0f} MB, "
-                               f"{speed} {_fmt(m['speed'])}, reserved {_fmt(m['reserved_mb'], 0)} MB")
+                bench.progress(f"footprint {key} round {r}: {name}: NVML peak {peak / MiB:.0f} MiB, "
+                               f"{speed} {_fmt(m['speed'])}, reserved {_fmt(m['reserved_mb'], 0)} MiB")
         # The program's live peak: PyTorch's caching run (allocator-independent), or churn's own.
         live_source = CACHING if speed == "step_ms" else NATIVE
         live = _median([m["live_mb"] for m in runs.get(live_source, [])])
         uncached_name = UNC if speed == "step_ms" else NATIVE
         uncached = _median([m["nvml_peak_mb"] for m in runs.get(uncached_name, [])])
         base_mb = base / MiB
-        lines.append(f"-- {title}: live peak {_fmt(live, 0)} MB; baseline (CUDA started, nothing allocated) "
-                     f"{base_mb:.0f} MB; uncached footprint (NVML peak of '{uncached_name}') {_fmt(uncached, 0)} MB")
+        lines.append(f"-- {title}: live peak {_fmt(live, 0)} MiB; baseline (CUDA started, nothing allocated) "
+                     f"{base_mb:.0f} MiB; uncached footprint (NVML peak of '{uncached_name}') {_fmt(uncached, 0)} MiB")
         unit = "step ms" if speed == "step_ms" else "us/pair"
-        lines.append(f"   {'contender':<40} {unit:>9} {'spread':>13} {'NVML peak MB':>12} {'spread':>13} "
-                     f"{'above base':>10} {'/ live':>7} {'/ uncached':>10} {'pool reserved MB':>16} {'/ live':>7}")
+        lines.append(f"   {'contender':<40} {unit:>9} {'spread':>13} {'NVML peak MiB':>13} {'spread':>13} "
+                     f"{'above base':>10} {'/ live':>7} {'/ uncached':>10} {'pool reserved MiB':>17} {'/ live':>7}")
         table = {}
         for name, _, _ in contenders:
             ms = runs[name]
@@ -179,9 +181,9 @@ def footprint(bench, bins, settings, shim_env, pool_figures, broken):
                    "over_uncached": _ratio(peak, uncached), "reserved_mb": reserved,
                    "reserved_over_live": _ratio(reserved, live), "rounds": len(ms)}
             table[name] = row
-            lines.append(f"   {name:<40} {_fmt(row['speed'], 3):>9} {row['speed_spread']:>13} {peak:>12.0f} "
+            lines.append(f"   {name:<40} {_fmt(row['speed'], 3):>9} {row['speed_spread']:>13} {peak:>13.0f} "
                          f"{row['nvml_spread']:>13} {above:>10.0f} {_fmt(row['above_over_live']):>7} "
-                         f"{_fmt(row['over_uncached'], 3):>10} {_fmt(reserved, 0):>16} "
+                         f"{_fmt(row['over_uncached'], 3):>10} {_fmt(reserved, 0):>17} "
                          f"{_fmt(row['reserved_over_live']):>7}")
         unc_losses = [m["losses"] for n in (UNC, SHIM_SYNC, SHIM_DEFAULT) for m in runs.get(n, [])]
         if unc_losses:
@@ -213,9 +215,9 @@ def footprint_targets(raw):
             r, caching, exp = rows[fastest], rows[CACHING], rows[EXPANDABLE]
             ok = (r["over_uncached"] is not None and r["over_uncached"] <= 1.05 and r["nvml_peak_mb"] <=
                   exp["nvml_peak_mb"] and r["speed"] <= caching["speed"])
-            out.append(f"   realistic model, fastest mode ({fastest}): NVML peak {r['nvml_peak_mb']:.0f} MB = "
+            out.append(f"   realistic model, fastest mode ({fastest}): NVML peak {r['nvml_peak_mb']:.0f} MiB = "
                        f"{_fmt(r['over_uncached'], 3)}x uncached (target <= 1.05x), expandable_segments "
-                       f"{exp['nvml_peak_mb']:.0f} MB; step {r['speed']:.2f} ms = "
+                       f"{exp['nvml_peak_mb']:.0f} MiB; step {r['speed']:.2f} ms = "
                        f"{r['speed'] / caching['speed']:.3f}x caching (target <= 1.0x): {verdict(ok)}")
     for key, name in (("gpt2", SHIM_DEFAULT), ("torch_train", SHIM_DEFAULT), ("churn", C_DEFAULT)):
         w = raw.get(key)
@@ -242,7 +244,7 @@ def capacity(bench, settings, shim_env, budget_mb=6144):
                                                 False, True),
                   (SHIM_SYNC, dict(UNCACHED, POOLSHIM_LIMIT=f"{budget_mb}M", **shim_env("sync")), True, False),
                   (SHIM_DEFAULT, dict(UNCACHED, POOLSHIM_LIMIT=f"{budget_mb}M", **_defaults()), True, False)]
-    lines = [f"budget {budget_mb} MB; batch sizes {batches[0]}-{batches[-1]}, bisected; "
+    lines = [f"budget {budget_mb} MiB; batch sizes {batches[0]}-{batches[-1]}, bisected; "
              f"{settings.capacity_steps} steps each (length 512 first)"]
     raw = {}
     for name, env, shim, fraction in contenders:
@@ -265,7 +267,7 @@ def capacity(bench, settings, shim_env, budget_mb=6144):
                 lines.append(f"{name} batch {batch}: exit status {rc} (counted as not training): {err[-300:]}")
             probes.append({"batch": batch, "trained": trained, "rc": rc, "nvml_peak_mb": peak / MiB})
             outcome = "trains" if trained else "out of memory" if rc == 4 else f"FAILED (exit status {rc})"
-            bench.progress(f"capacity: {name} batch {batch}: {outcome} (NVML peak {peak / MiB:.0f} MB)")
+            bench.progress(f"capacity: {name} batch {batch}: {outcome} (NVML peak {peak / MiB:.0f} MiB)")
             if trained:
                 lo = mid
             else:
