@@ -132,8 +132,7 @@ CUresult Router::take_block(DevicePool& pool, std::size_t bytes, std::uintptr_t 
     if (pressed) hit = from_free(lend);
     if (!hit && heap.coalesce(fences.completed(), token, lend) > 0) hit = from_free(lend);
     if (!hit && pressed && heap.waiting(fences.completed(), token, lend) &&
-        (captures_active_ == nullptr || !captures_active_()) &&
-        synchronize_as_fence(pool) == CUDA_SUCCESS) {
+        !capture_in_progress() && synchronize_as_fence(pool) == CUDA_SUCCESS) {
       s.bump(&CounterShard::bounded_syncs);
       heap.coalesce(fences.completed(), token, lend);
       hit = from_free(lend);
@@ -507,7 +506,7 @@ void Router::after_stream_created() {
   // stream's later work and every non-blocking stream listed later (after_stream_listed) waits
   // for. No capture can be in progress yet: a capture needs a stream the application made.
   if (registry_ == nullptr || !registry_->mark_not_legacy_only()) return;
-  if (captures_active_ != nullptr && captures_active_()) return;
+  if (capture_in_progress()) return;
   for (int d = 0; d < kMaxDevices; ++d) {
     DevicePool* pool = existing_pool(d);
     if (pool == nullptr || !pool->legacy_handouts.load(std::memory_order_seq_cst)) continue;
@@ -557,7 +556,7 @@ bool Router::advance_fences(DevicePool& pool, bool may_start) {
   // Nothing is recorded on the application's streams while a capture is in progress anywhere
   // (a record would join it); capture_counted() waits for a start that read none.
   if (may_start && pool.heap().waiting(fences.completed()) && unordered_reason(pool) == nullptr &&
-      (captures_active_ == nullptr || !captures_active_())) {
+      !capture_in_progress()) {
     const std::uint64_t k = fences.start();
     DeviceStats& s = stats(pool.ordinal());
     s.bump(&CounterShard::fences);
@@ -874,8 +873,7 @@ std::uint64_t Router::trim_idle(int device, std::uint64_t keep_reserved) {
   // Blocks no event fence can reach (say, two devices in use) get the one synchronization here,
   // while nothing runs.
   DeviceHeap& heap = pool->heap();
-  if (heap.waiting(pool->fences().completed()) &&
-      (captures_active_ == nullptr || !captures_active_())) {
+  if (heap.waiting(pool->fences().completed()) && !capture_in_progress()) {
     synchronize_as_fence(*pool);
   }
   if (heap.trim(keep_reserved, pool->fences().completed()) > 0) {

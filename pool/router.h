@@ -274,6 +274,8 @@ class Router {
   std::uintptr_t own_code_end_ = 0;
   /// The caller's call site (POOLSHIM_BACKTRACE frames), 0 when not recorded.
   std::uint32_t capture_site();
+  /// Whether the capture probe reports a capture in progress (none without a probe).
+  bool capture_in_progress() const { return captures_active_ != nullptr && captures_active_(); }
   bool ordered_mode_ = false;
   std::string free_mode_why_;
   bool (*captures_active_)() = nullptr;
