@@ -759,7 +759,7 @@ TEST_CASE(
   Rig rig(1, 64 * MiB, with_cache(0));
   StreamRegistry streams;
   freed_on_fenced_stream(rig, streams);
-  const int records = rig.d.calls("cuEventRecord");
+  const unsigned long long records = rig.d.calls("cuEventRecord");
   // The double's event is done at once: started, completed, and the segment given back.
   CHECK(rig.router.tend_heap(0, now_ns()) == 2 * MiB);
   const DeviceSnapshot s = rig.router.snapshot(0);
@@ -774,7 +774,7 @@ TEST_CASE("heap: the background tick starts no fence while a capture is in progr
   Rig rig(1, 64 * MiB, with_cache(0));
   StreamRegistry streams;
   freed_on_fenced_stream(rig, streams);
-  const int records = rig.d.calls("cuEventRecord");
+  const unsigned long long records = rig.d.calls("cuEventRecord");
   rig.router.set_capture_probe(&capture_in_progress);
   CHECK(rig.router.tend_heap(0, now_ns()) == 0);
   CHECK(rig.d.calls("cuEventRecord") == records);  // nothing recorded on any stream
