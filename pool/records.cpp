@@ -355,6 +355,7 @@ std::string exit_record(double t, int pid, const ExitSummary& summary, const Sit
   JsonObject paths;
   for (const auto& [name, count] : summary.extras.paths) paths.add(name, count);
   o.add_raw("paths", paths.str());
+  o.add("legacy_only", summary.extras.legacy_only);
   std::vector<std::string> notes;
   for (const auto& n : summary.extras.notes) notes.push_back(json_string(n));
   o.add_raw("notes", json_array(notes));

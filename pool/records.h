@@ -76,6 +76,7 @@ std::string oom_text(const OomReport& report, const OomDetails& details, const S
 struct ExitExtras {
   std::vector<std::string> notes;
   std::vector<std::pair<std::string, std::uint64_t>> paths;
+  bool legacy_only = false;  // the legacy default stream stayed the only stream in use
 };
 
 struct ExitSummary {

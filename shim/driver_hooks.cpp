@@ -16,6 +16,7 @@
 #include <string>
 #include <type_traits>
 
+#include "per_thread_watch.h"
 #include "real_driver.h"
 #include "router.h"
 #include "shim.h"
@@ -157,16 +158,6 @@ void note_handed_out(int i) {
   }
 }
 
-// The application has a stream other than the legacy default stream (it made one, or asks for
-// the per-thread default stream's variants): the legacy rule's barrier-free case ends.
-void note_stream_beyond_legacy() {
-  if (Router* router = poolshim::shim::router_if_running()) {
-    router->after_stream_created();
-  } else {
-    poolshim::shim::streams().mark_not_legacy_only();
-  }
-}
-
 // The hook for a real driver pointer, or the pointer itself when it is no hooked variant.
 void* substitute(void* real_pointer) {
   for (int i = 0; i < kHooks; ++i) {
@@ -298,7 +289,7 @@ F* unhooked(const char* name, std::atomic<void*>& cache) {
 void register_stream(CUresult r, const CUstream* stream, unsigned int flags) {
   if (!poolshim::shim::bookkeeping_allowed()) return;
   poolshim::shim::streams().mark_observed();
-  if (r == CUDA_SUCCESS) note_stream_beyond_legacy();
+  if (r == CUDA_SUCCESS) poolshim::shim::note_stream_beyond_legacy();
   // Blocking streams need no entry: the legacy default stream orders them (DESIGN §3). Every
   // non-blocking one does, in both free modes: ordered frees and the cache's event fences wait
   // for each (a fence that missed one let a block freed on it serve another stream while a
@@ -603,29 +594,63 @@ POOLSHIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr 
 // The runtime finds the driver's entry points through cuGetProcAddress (it even looks the
 // function up through itself: the hook then returns itself). The real function chooses the
 // variant for the caller's version and flags; the hook hands back our hook of that variant.
-POOLSHIM_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
-                                             cuuint64_t flags,
-                                             CUdriverProcAddressQueryResult* symbolStatus) {
-  const CUresult r = real::cuGetProcAddress_v2()(symbol, pfn, cudaVersion, flags, symbolStatus);
-  if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0) note_stream_beyond_legacy();
-  if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) {
-    void* answer = substitute(*pfn);
-    if (answer != *pfn) poolshim::shim::paths().proc_address_answers.add();
+// A stream function we do not hook is handed back as a watching thunk (per_thread_watch.h):
+// CUDA 13's runtime looks the per-thread variants up in every program, so only a call shows the
+// per-thread default stream in use. `legacy_lookup` answers the same query for the legacy
+// stream: where a per-thread query gets the same function, it has no per-thread form.
+template <class LegacyLookup>
+CUresult answer_proc_address(CUresult r, const char* symbol, void** pfn, cuuint64_t flags,
+                             LegacyLookup legacy_lookup) {
+  if (r != CUDA_SUCCESS || pfn == nullptr || *pfn == nullptr) return r;
+  void* const real = *pfn;
+  void* answer = substitute(real);
+  if (answer != real) {
+    poolshim::shim::paths().proc_address_answers.add();
     *pfn = answer;
+    return r;
+  }
+  void* legacy = nullptr;
+  const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0 &&
+                          (legacy_lookup(&legacy) != CUDA_SUCCESS || legacy != real);
+  poolshim::shim::Watch w{poolshim::shim::Watch::exhausted, real};
+  if (per_thread) {
+    if (void* thunk = poolshim::shim::per_thread_watch(real))
+      w = {poolshim::shim::Watch::watched, thunk};
+  } else {
+    w = poolshim::shim::legacy_stream_watch(symbol, real);
+  }
+  if (w.status == poolshim::shim::Watch::exhausted) {
+    poolshim::shim::note_stream_beyond_legacy();  // no thunk left: assume the stream is used
+  } else if (w.status == poolshim::shim::Watch::watched) {
+    poolshim::shim::paths().per_thread_watches.add();
+    *pfn = w.answer;
   }
   return r;
 }
 
+constexpr cuuint64_t legacy_flags(cuuint64_t flags) {
+  return (flags & ~cuuint64_t{CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM}) |
+         CU_GET_PROC_ADDRESS_LEGACY_STREAM;
+}
+
+POOLSHIM_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion,
+                                             cuuint64_t flags,
+                                             CUdriverProcAddressQueryResult* symbolStatus) {
+  const auto real_fn = real::cuGetProcAddress_v2();
+  return answer_proc_address(real_fn(symbol, pfn, cudaVersion, flags, symbolStatus), symbol, pfn,
+                             flags, [&](void** legacy) {
+                               CUdriverProcAddressQueryResult status{};
+                               return real_fn(symbol, legacy, cudaVersion, legacy_flags(flags),
+                                              &status);
+                             });
+}
+
 POOLSHIM_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion,
                                           cuuint64_t flags) {
-  const CUresult r = real::cuGetProcAddress()(symbol, pfn, cudaVersion, flags);
-  if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0) note_stream_beyond_legacy();
-  if (r == CUDA_SUCCESS && pfn != nullptr && *pfn != nullptr) {
-    void* answer = substitute(*pfn);
-    if (answer != *pfn) poolshim::shim::paths().proc_address_answers.add();
-    *pfn = answer;
-  }
-  return r;
+  const auto real_fn = real::cuGetProcAddress();
+  return answer_proc_address(
+      real_fn(symbol, pfn, cudaVersion, flags), symbol, pfn, flags,
+      [&](void** legacy) { return real_fn(symbol, legacy, cudaVersion, legacy_flags(flags)); });
 }
 
 // ---- dlsym ---------------------------------------------------------------------------------
@@ -644,12 +669,30 @@ void* driver_library() {
 
 }  // namespace poolshim::shim
 
+// A watched stream function looked up by name in libcuda: its thunk (per_thread_watch.h), or
+// null (the real dlsym answers) for any other name or where the handle's answer is not
+// libcuda's; where no thunk can stand for libcuda's function, the process is marked at once.
+void* watched_by_name(void* handle, const char* name) {
+  if (!poolshim::shim::watched_name(name)) return nullptr;
+  void* library = poolshim::shim::driver_library();
+  void* answer = poolshim::shim::real_dlsym()(handle, name);
+  if (answer == nullptr || library == nullptr ||
+      answer != poolshim::shim::real_dlsym()(library, name)) {
+    return nullptr;
+  }
+  const poolshim::shim::Watch w = poolshim::shim::watch_by_name(name, answer);
+  if (w.status == poolshim::shim::Watch::exhausted) poolshim::shim::note_stream_beyond_legacy();
+  if (w.status != poolshim::shim::Watch::watched) return nullptr;
+  poolshim::shim::paths().dlsym_answers.add();
+  return w.answer;
+}
+
 // dlsym(handle, "cu...") with a real handle (dlsym_entry.cpp has ruled out the rest): our hook
 // when `name` is a hooked driver entry point and the handle's answer is libcuda's own function,
 // else null (the trampoline then jumps to the real dlsym).
 void* poolshim_dlsym_hook(void* handle, const char* name) {
   const int i = hook_index(name);
-  if (i < 0) return nullptr;
+  if (i < 0) return watched_by_name(handle, name);
   void* answer = poolshim::shim::real_dlsym()(handle, name);
   if (answer == nullptr || answer != real_export(i)) return nullptr;
   poolshim::shim::paths().dlsym_answers.add();

@@ -220,7 +220,9 @@ void on_exit() {
         {"driver_hooks", s.paths.driver_calls.load()},
         {"dlsym", s.paths.dlsym_answers.load()},
         {"cuGetProcAddress", s.paths.proc_address_answers.load()},
+        {"per_thread_watches", s.paths.per_thread_watches.load()},
     };
+    extras.legacy_only = s.streams.legacy_only();
     if (s.parsed.config.verbose) {
       std::string line = "ways in:";
       for (const auto& [name, count] : extras.paths) {
@@ -348,6 +350,14 @@ PathCounters& paths() {
 
 StreamRegistry& streams() {
   return state().streams;
+}
+
+void note_stream_beyond_legacy() {
+  if (Router* router = router_if_running()) {
+    router->after_stream_created();
+  } else {
+    streams().mark_not_legacy_only();
+  }
 }
 
 void note_peer_access(int from, int to, Router* router) {

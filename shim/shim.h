@@ -47,8 +47,13 @@ struct PathCounters {
   ShardedCounter driver_calls;          // outermost driver allocation/free hooks
   ShardedCounter dlsym_answers;         // dlsym lookups answered with a hook
   ShardedCounter proc_address_answers;  // cuGetProcAddress answers with a hook
+  ShardedCounter per_thread_watches;    // per-thread variants handed out as watching thunks
 };
 PathCounters& paths();
+
+/// The application has a stream other than the legacy default stream (it made one, or calls
+/// a function on the per-thread default stream): the legacy rule's barrier-free case ends.
+void note_stream_beyond_legacy();
 
 /// The application's non-blocking streams (ordered frees), kept before the core starts too.
 StreamRegistry& streams();

@@ -104,6 +104,8 @@
   X(cuStreamSynchronize_ptsz)          \
   X(cuStreamQuery)                     \
   X(cuStreamQuery_ptsz)                \
+  X(cuLaunchKernel)                    \
+  X(cuLaunchKernel_ptsz)               \
   X(cuStreamGetDevice)                 \
   X(cuStreamGetDevice_ptsz)            \
   X(cuStreamGetCtx)                    \
@@ -1013,6 +1015,7 @@ constexpr PerThreadForm kPerThreadForms[] = {
     {"cuMemsetD32Async", "_ptsz"},
     {"cuStreamSynchronize", "_ptsz"},
     {"cuStreamQuery", "_ptsz"},
+    {"cuLaunchKernel", "_ptsz"},
     {"cuStreamGetFlags", "_ptsz"},
     {"cuStreamGetCtx", "_ptsz"},
     {"cuStreamGetDevice", "_ptsz"},
@@ -1922,6 +1925,28 @@ CUDADOUBLE_API CUresult cuStreamSynchronize(CUstream stream) {
 CUDADOUBLE_API CUresult cuStreamSynchronize_ptsz(CUstream stream) {
   return guarded(entry::cuStreamSynchronize_ptsz,
                  [&](State& s) { return streamSynchronize(s, stream); });
+}
+
+// The double runs no kernels: a launch checks its stream and function, and then reports that
+// it is not supported (what the shim's tests need is the call, its stream and its result).
+namespace {
+CUresult launchKernel(State& s, CUfunction f, CUstream handle) {
+  CUstream_st* stream = nullptr;
+  if (CUresult r = resolveStream(s, handle, &stream)) return r;
+  return f == nullptr ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_NOT_SUPPORTED;
+}
+}  // namespace
+
+CUDADOUBLE_API CUresult cuLaunchKernel(CUfunction f, unsigned int, unsigned int, unsigned int,
+                                       unsigned int, unsigned int, unsigned int, unsigned int,
+                                       CUstream hStream, void**, void**) {
+  return guarded(entry::cuLaunchKernel, [&](State& s) { return launchKernel(s, f, hStream); });
+}
+
+CUDADOUBLE_API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int, unsigned int, unsigned int,
+                                            unsigned int, unsigned int, unsigned int, unsigned int,
+                                            CUstream hStream, void**, void**) {
+  return guarded(entry::cuLaunchKernel_ptsz, [&](State& s) { return launchKernel(s, f, hStream); });
 }
 
 CUDADOUBLE_API CUresult cuStreamQuery(CUstream stream) {

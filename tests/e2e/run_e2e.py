@@ -323,6 +323,48 @@ def case_churn_per_thread_stream_build(tmp):
 
 
 @case
+def case_per_thread_stream_is_seen_at_a_call_not_at_a_lookup(tmp):
+    # DESIGN §7, the legacy rule: CUDA 13's runtime looks up per-thread variants in every
+    # program, so only a call on the per-thread default stream ends the barrier-free case.
+    # mode -> (legacy_only, per-thread variants handed out as watching thunks, dlsym answers)
+    # A legacy variant counts when its stream argument is CU_STREAM_PER_THREAD (explicit*,
+    # launch_explicit: cuLaunchKernel's stream is on the stack), not on the legacy stream.
+    wanted = {"none": (True, 0, 0), "lookup": (True, 1, 0), "proc": (False, 1, 0),
+              "dlsym": (False, 0, 1), "direct": (False, 0, 0), "legacy": (True, 0, 0),
+              "explicit": (False, 0, 0), "explicit_proc": (False, 1, 0),
+              "launch_legacy": (True, 0, 0), "launch_explicit": (False, 0, 0)}
+    for mode, (legacy_only, watches, dlsym) in wanted.items():
+        for p in logs(tmp):
+            os.remove(p)
+        native, shim = differential([program("per_thread_calls"), mode], tmp, {"POOLSHIM_FREE": "ordered"})
+        reached = 801 if mode.startswith("launch_") else 0  # the double runs no kernel
+        expect_equal(shim.out, f"per_thread_calls {mode}: 0 0 0 0 0 0 {reached} 0 0\n", f"{mode}: output")
+        ex, d = exit_device(one_log(tmp))
+        expect_equal(ex["legacy_only"], legacy_only, f"{mode}: legacy_only")
+        expect_equal(ex["paths"]["per_thread_watches"], watches, f"{mode}: watching thunks handed out")
+        expect_equal(ex["paths"]["dlsym"], dlsym, f"{mode}: dlsym answers")
+        expect_equal(ex["pooled_allocs"], 2, f"{mode}: pooled allocations")
+
+
+@case
+def case_runtime_lookups_leave_the_legacy_stream_alone(tmp):
+    # The runtime double, like CUDA 13's, looks up 20 per-thread variants at start: 5 are hooks,
+    # 15 become watching thunks, and so do the 10 legacy variants of stream functions. A program built for the legacy stream never calls them, so the
+    # legacy rule's first case holds (no barrier); built for per-thread default streams, its
+    # cudaMemcpy/cudaMemset reach them, and each step's first handout of a block freed before
+    # the last barrier records one (19 in 20 steps; the first step has nothing freed).
+    for name, legacy_only, barriers in (("demo", True, 0), ("demo_static", True, 0), ("demo_ptds", False, 19)):
+        for p in logs(tmp):
+            os.remove(p)
+        differential([program(name), "20", "65536"], tmp, {"POOLSHIM_FREE": "ordered"})
+        ex, d = exit_device(one_log(tmp))
+        expect_equal(ex["legacy_only"], legacy_only, f"{name}: legacy_only")
+        expect_equal(ex["paths"]["per_thread_watches"], 25, f"{name}: watching thunks handed out")
+        expect_equal(d["legacy_reuses"], barriers, f"{name}: legacy barriers")
+        expect_equal(d["ordered_frees"], 20 * 7, f"{name}: ordered frees")
+
+
+@case
 def case_demo_log_and_leak(tmp):
     native, shim = differential([program("demo"), "20", str(1 << 18)], tmp, {"POOLSHIM_SAMPLE_MS": "1"})
     records = one_log(tmp)

@@ -1,14 +1,17 @@
 // Kernels and allocations together (GPU only). Each case prints what a correct program
 // prints; a shim that reused memory too early would corrupt the data and change the output.
 //   kernels_diff [selfcheck | fault | legacy_first_stream_nonblocking |
-//   legacy_first_stream_blocking | pages_move | unmap_under_kernel]
+//   legacy_first_stream_blocking | per_thread_two_threads | pages_move | unmap_under_kernel]
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "common.h"
@@ -207,6 +210,71 @@ void legacy_only_then_first_stream(unsigned int flags, const char* label) {
   CHECK_CUDA(cudaStreamDestroy(t));
 }
 
+// Two threads' per-thread default streams are not ordered with each other (only with the
+// legacy stream). Thread 1 frees a block behind a late writer on its per-thread stream (an
+// ordered cudaFree with no non-blocking stream: the legacy rule), thread 2 takes it with
+// cudaMalloc and writes it on its own per-thread stream. Under the rule's first case (no
+// barrier: nothing but stream 0 in use) the late writes would land in thread 2's data; the
+// shim must see the per-thread stream in use (a call on it) and order the handout behind a
+// barrier. Named explicitly (cudaStreamPerThread), so the legacy build and the per-thread
+// build run the same calls. `premise`: the same two writers on one buffer with no free in
+// between corrupt natively, which proves the two streams unordered and the check able to fail.
+void per_thread_two_threads() {
+  const size_t n = size_t{16} << 20;
+  std::mutex m;
+  std::condition_variable cv;
+  int stage = 0;  // 1: thread 1 freed its block; 2: thread 2 wrote; 3: thread 1's writer is done
+  auto wait_for = [&](int s) {
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait(lock, [&] { return stage >= s; });
+  };
+  auto reach = [&](int s) {
+    std::lock_guard<std::mutex> lock(m);
+    stage = s;
+    cv.notify_all();
+  };
+  auto run = [&](bool premise) {
+    stage = 0;
+    std::uint32_t* shared_block = nullptr;
+    unsigned long long corrupted = 0;
+    bool reused = false;
+    std::thread first([&] {
+      std::uint32_t* a = nullptr;
+      CHECK_CUDA(cudaMalloc(&a, n * 4));
+      CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+      late_fill<<<264, 256, 0, cudaStreamPerThread>>>(a, n, 0xEEEEEEEEu, 20000000ULL);
+      CHECK_CUDA(cudaGetLastError());
+      if (!premise) CHECK_CUDA(cudaFree(a));
+      shared_block = a;
+      reach(1);
+      wait_for(2);
+      CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+      reach(3);
+    });
+    std::thread second([&] {
+      wait_for(1);
+      std::uint32_t* b = shared_block;
+      if (!premise) CHECK_CUDA(cudaMalloc(&b, n * 4));
+      reused = b == shared_block;
+      fill<<<264, 256, 0, cudaStreamPerThread>>>(b, n, 0x55555555u);
+      CHECK_CUDA(cudaGetLastError());
+      CHECK_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+      reach(2);
+      wait_for(3);
+      corrupted = mismatches(b, n, 0x55555555u, cudaStreamPerThread);
+      CHECK_CUDA(cudaFree(b));
+    });
+    first.join();
+    second.join();
+    if (!premise) std::fprintf(stderr, "per_thread_two_threads: block_reused=%d\n", reused);
+    return corrupted;
+  };
+  const unsigned long long premise = run(true);
+  const unsigned long long corrupted = run(false);
+  std::printf("per_thread_two_threads: premise_corrupts=%d corrupted=%llu\n", premise > 0,
+              corrupted);
+}
+
 // Proof that the corruption check above can fail: a buffer freed with cudaFreeAsync on a
 // stream that is NOT ordered after the late kernel is reused at once on that stream, and the
 // kernel's late writes land in the new buffer. This is an application bug, natively too.
@@ -311,6 +379,10 @@ int main(int argc, char** argv) {
   }
   if (only == "unmap_under_kernel") {
     unmap_under_kernel();
+    return 0;
+  }
+  if (only == "per_thread_two_threads") {
+    per_thread_two_threads();
     return 0;
   }
   if (only == "legacy_first_stream_nonblocking" || only == "legacy_first_stream_blocking") {

@@ -53,6 +53,7 @@ DRIVER_PROGRAMS = {  # no CUDA runtime at all
     "driver_alloc": ("tests/programs/driver_alloc.cpp", ["-ldl"]),
     "driver_linked": ("tests/programs/driver_linked.cpp", ["-lcuda"]),
     "proc_address": ("tests/programs/proc_address.cpp", ["-ldl"]),
+    "per_thread_calls": ("tests/programs/per_thread_calls.cpp", ["-lcuda", "-ldl"]),
 }
 RUNTIMES = ("shared", "static")
 
@@ -278,6 +279,36 @@ class Suite:
                                 f"{d.get('legacy_reuses')}, fences {d.get('fences')}")
                     self.case(f"{variant}: only stream 0, then a first {first} stream [{runtime}]", legacy_first)
 
+            # The legacy rule's first case needs the per-thread default stream unused: CUDA 13's
+            # runtime looks its variants up at start (no call), so a legacy program keeps it.
+            def legacy_alone(runtime=runtime):
+                native, shim, logs = self.differential(f"demo-legacy-alone-{runtime}",
+                                                       [self.binary("demo", runtime), "20", "65536"],
+                                                       {"POOLSHIM_FREE": "ordered"})
+                ex, d = exit_device(logs[0])
+                expect_equal(ex["legacy_only"], True, f"legacy_only: {ex['paths']}")
+                expect_equal(d["legacy_reuses"], 0, "legacy barriers")
+                expect(ex["paths"]["per_thread_watches"] >= 12, f"watching thunks: {ex['paths']}")
+                return f"legacy_only true, no barrier; paths {ex['paths']}"
+            self.case(f"the runtime's per-thread lookups leave the legacy stream alone [{runtime}]", legacy_alone)
+
+            # Two threads' per-thread default streams: a block freed behind one's late writer and
+            # taken by the other must wait (a call on that stream ends the barrier-free case).
+            for variant in ("kernels_diff", "kernels_diff_ptds"):
+                def per_thread(runtime=runtime, variant=variant):
+                    native, shim, logs = self.differential(
+                        f"{variant}-per-thread-{runtime}", [self.binary(variant, runtime), "per_thread_two_threads"],
+                        {"POOLSHIM_FREE": "ordered", "POOLSHIM_LEGACY_REUSE": "1"})
+                    expect_equal(shim.out.strip(), "per_thread_two_threads: premise_corrupts=1 corrupted=0",
+                                 "the late writer and the data")
+                    ex, d = exit_device(logs[0])
+                    reused = next((l for l in shim.err.splitlines() if "block_reused=" in l), "block_reused=?")
+                    expect_equal(ex["legacy_only"], False, f"legacy_only: {ex['paths']}")
+                    return (f"{shim.out.strip()}; {reused.split(': ')[-1]}; legacy barriers "
+                            f"{d.get('legacy_reuses')}, fences {d.get('fences')}; paths {ex['paths']}")
+                self.case(f"{variant}: two threads' per-thread streams, a block freed behind a late writer [{runtime}]",
+                          per_thread)
+
             # The paged arena's rule: pages of a block whose writer still runs never move.
             def pages_move(runtime=runtime):
                 native, shim, logs = self.differential(f"pages-move-{runtime}",
@@ -329,6 +360,22 @@ class Suite:
                 f.write(native.out)
             return f"{hooked} of {len(shim.out.splitlines())} lookups answered with the hook of the driver's chosen variant"
         self.case("cuGetProcAddress: every hooked name, version and flag on the real driver", proc_address)
+
+        def per_thread_calls():
+            # (the launch modes pass a bogus function, which only the CPU double may see)
+            wanted = {"none": True, "lookup": True, "proc": False, "dlsym": False, "direct": False,
+                      "legacy": True, "explicit": False, "explicit_proc": False}
+            lines = []
+            for mode, legacy_only in wanted.items():
+                native, shim, logs = self.differential(f"per-thread-calls-{mode}",
+                                                       [self.binary("per_thread_calls", "none"), mode],
+                                                       {"POOLSHIM_FREE": "ordered"})
+                expect_equal(shim.out, f"per_thread_calls {mode}: 0 0 0 0 0 0 0 0 0\n", f"{mode}: output")
+                ex, d = exit_device(logs[0])
+                expect_equal(ex["legacy_only"], legacy_only, f"{mode}: legacy_only ({ex['paths']})")
+                lines.append(f"{mode}: legacy_only {ex['legacy_only']}, paths {ex['paths']}")
+            return "\n".join(lines)
+        self.case("the per-thread default stream is seen at a call, not at a lookup (real driver)", per_thread_calls)
 
         def numba():
             native, shim, logs = self.differential("numba", [sys.executable, os.path.join(HERE, "numba_alloc.py")],

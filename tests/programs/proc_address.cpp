@@ -2,7 +2,8 @@
 // every flag the CUDA 13 headers define (cudaTypedefs.h), through cuGetProcAddress_v2 found
 // the way the runtime finds it (dlopen + dlsym), and prints which function each answer is.
 // Under the shim, the answer for a hooked variant must be the shim's hook of exactly that
-// variant; every other answer the driver's own.
+// variant; for a per-thread variant the shim does not hook, a watching thunk; every other
+// answer the driver's own.
 //   proc_address      lines "name version flags -> result variant owner"
 #include <cuda.h>
 #include <dlfcn.h>
@@ -53,8 +54,11 @@ const Query kQueries[] = {
     {"cuIpcGetMemHandle", 4010},
     {"cuGreenCtxCreate", 12040},
     {"cuMemcpy", 4000},
+    {"cuMemcpy", 7000},
     {"cuStreamSynchronize", 2000},
+    {"cuStreamSynchronize", 7000},
     {"cuLaunchKernel", 4000},
+    {"cuLaunchKernel", 7000},
 };
 
 const cuuint64_t kFlags[] = {CU_GET_PROC_ADDRESS_DEFAULT, CU_GET_PROC_ADDRESS_LEGACY_STREAM,

@@ -102,7 +102,7 @@ TEST_CASE("worker: start, sample and exit records with the pool's figures") {
   CHECK(sync_alloc(router, 0, 10 * MiB, never_called) != nullptr);
   router.free_sync(a, 0, never_called);
   worker.tick(now_ns() + 2000000000ULL);  // past the 1 s sample interval
-  worker.end(ExitExtras{{"a note"}, {{"runtime_hooks", 3}}});
+  worker.end(ExitExtras{{"a note"}, {{"runtime_hooks", 3}}, true});
 
   const auto lines = read_lines(path);
   REQUIRE(lines.size() == 5);  // start, warning, sample, final sample, exit
@@ -130,7 +130,8 @@ TEST_CASE("worker: start, sample and exit records with the pool's figures") {
   CHECK(has(
       lines[4],
       "\"leaks\":{\"count\":1,\"bytes\":10485760,\"largest\":[{\"device\":0,\"bytes\":10485760,"));
-  CHECK(has(lines[4], "\"paths\":{\"runtime_hooks\":3},\"notes\":[\"a note\"]"));
+  CHECK(
+      has(lines[4], "\"paths\":{\"runtime_hooks\":3},\"legacy_only\":true,\"notes\":[\"a note\"]"));
   std::remove(path.c_str());
 }
 
