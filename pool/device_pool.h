@@ -110,6 +110,9 @@ class DevicePool {
   /// driver call go to the real function, so that they return the sticky error natively.
   std::atomic<bool> faulted{false};
   std::atomic<std::uint64_t> barrier_covers{0};
+  /// Legacy handouts recording a barrier or synchronizing now (Router::order_legacy_handout):
+  /// a capture about to begin waits for none to be left (Router::capture_counted).
+  std::atomic<int> legacy_orderings{0};
   /// cudaFree'd blocks may take the legacy stream's shortcut only once this fence has
   /// completed: a non-blocking stream destroyed before it may still run work on them (the
   /// free stream waits for that work, so the next fence covers it).

@@ -1,6 +1,7 @@
 #include "router.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "clock.h"
 #include "free_mode.h"
@@ -277,7 +278,10 @@ bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Allo
     decline_allocation(*pool, bytes, nullptr, false, r, real);
     return false;
   }
-  if (legacy && b.ready_at > pool->fences().completed()) order_legacy_handout(*pool, true);
+  if (legacy && b.ready_at > pool->fences().completed() && !order_legacy_handout(*pool, true)) {
+    refuse_legacy_handout(*pool, b, bytes, real);
+    return false;
+  }
   table_.insert(b.ptr, Allocation{bytes, b.size, coarse_now_ns(), 0, device, 0, capture_site(),
                                   b.arena, b.node});
   stats(device).on_alloc(bytes);
@@ -303,8 +307,10 @@ bool Router::allocate_async(int device, std::size_t bytes, CUstream stream, CUde
     return false;
   }
   // On the legacy stream, blocking streams may use it too (legacy stream semantics).
-  if (token == kLegacyToken && b.ready_at > pool->fences().completed()) {
-    order_legacy_handout(*pool, false);
+  if (token == kLegacyToken && b.ready_at > pool->fences().completed() &&
+      !order_legacy_handout(*pool, false)) {
+    refuse_legacy_handout(*pool, b, bytes, real);
+    return false;
   }
   table_.insert(b.ptr,
                 Allocation{bytes, b.size, coarse_now_ns(), reinterpret_cast<std::uintptr_t>(stream),
@@ -478,7 +484,7 @@ bool Router::legacy_barrier(DevicePool& pool) {
   return true;
 }
 
-void Router::order_legacy_handout(DevicePool& pool, bool any_stream) {
+bool Router::order_legacy_handout(DevicePool& pool, bool any_stream) {
   // The block's earlier users are ordered before any later work of the legacy stream. While
   // the legacy stream is the only stream in use, that covers every later user (a stream made
   // later waits for the legacy stream first: after_stream_created). Otherwise blocking streams
@@ -486,10 +492,31 @@ void Router::order_legacy_handout(DevicePool& pool, bool any_stream) {
   // block may also reach a non-blocking stream, which must not have been listed before the
   // barrier (after_stream_listed waits for the last one). Where the barrier cannot order the
   // use, the device is synchronized instead, a fence.
-  if (registry_ != nullptr && registry_->legacy_only()) return;
-  const bool ordered =
-      legacy_barrier(pool) && (!any_stream || registry_ == nullptr || !registry_->any_listed());
-  if (!ordered) synchronize_as_fence(pool);
+  if (registry_ != nullptr && registry_->legacy_only()) return true;
+  const bool listed = any_stream && registry_ != nullptr && registry_->any_listed();
+  if (!listed && pool.barrier_covers.load(std::memory_order_acquire) >=
+                     pool.legacy_frees.load(std::memory_order_acquire)) {
+    return true;  // the last barrier covers it: no driver call
+  }
+  // A capture may be beginning on another thread (this one saw none when the call came in):
+  // counted in flight, then the probe read, against capture_counted's count, then wait. Both
+  // sides fence, so that at least one sees the other.
+  pool.legacy_orderings.fetch_add(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  const bool refused = capture_in_progress();
+  if (!refused) {
+    const bool ordered = legacy_barrier(pool) && !listed;
+    if (!ordered) synchronize_as_fence(pool);
+  }
+  pool.legacy_orderings.fetch_sub(1, std::memory_order_release);
+  return !refused;
+}
+
+void Router::refuse_legacy_handout(DevicePool& pool, const HeapBlock& b, std::size_t bytes,
+                                   AllocFallback real) {
+  pool.heap().free(b.arena, b.node, b.size, kLegacyToken, b.ready_at, pool.fences().completed());
+  note_passthrough_alloc(pool.ordinal());
+  real(bytes);
 }
 
 bool Router::legacy_token_for_free(DevicePool& pool) const {
@@ -736,9 +763,15 @@ void Router::before_capture() {
 
 void Router::capture_counted() {
   // A fence start checks the probe under the pool's fence mutex: one that read no capture
-  // finishes its records before this returns; one after it sees the capture.
+  // finishes its records before this returns; one after it sees the capture. A legacy handout
+  // counts itself in flight before it reads the probe (order_legacy_handout): one that read
+  // none has finished its record or synchronization once its count is gone.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   for (int d = 0; d < kMaxDevices; ++d) {
-    if (DevicePool* pool = existing_pool(d)) std::lock_guard<std::mutex> gate(pool->fence_mutex());
+    DevicePool* pool = existing_pool(d);
+    if (pool == nullptr) continue;
+    { std::lock_guard<std::mutex> gate(pool->fence_mutex()); }
+    while (pool->legacy_orderings.load(std::memory_order_acquire) != 0) std::this_thread::yield();
   }
 }
 

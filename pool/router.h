@@ -234,9 +234,15 @@ class Router {
   /// so far (none when the last one covers them). False when it could not be recorded.
   bool legacy_barrier(DevicePool& pool);
   /// A block just served by the legacy token before its fence completed: orders its new users
-  /// behind its old ones (nothing while only the legacy stream is in use; else the barrier, or
-  /// a synchronization). `any_stream`: a cudaMalloc's block.
-  void order_legacy_handout(DevicePool& pool, bool any_stream);
+  /// behind its old ones (nothing while only the legacy stream is in use or the last barrier
+  /// covers it; else the barrier, or a synchronization). `any_stream`: a cudaMalloc's block.
+  /// False when a capture is in progress, which a record or a synchronization would join or
+  /// break: the block must not be handed out.
+  bool order_legacy_handout(DevicePool& pool, bool any_stream);
+  /// The block `b` that order_legacy_handout refused goes back to the heap as it was, and the
+  /// real function answers the request (as every allocation during a capture).
+  void refuse_legacy_handout(DevicePool& pool, const HeapBlock& b, std::size_t bytes,
+                             AllocFallback real);
   /// The legacy rule, cudaFree's side (mode ordered): whether a block freed now takes the
   /// legacy stream's token.
   bool legacy_token_for_free(DevicePool& pool) const;

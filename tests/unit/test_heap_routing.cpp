@@ -302,6 +302,37 @@ TEST_CASE(
   CHECK(rig.d.calls("cuEventRecord") == 1);
 }
 
+namespace {
+bool a_capture_began() {
+  return true;
+}
+}  // namespace
+
+TEST_CASE(
+    "heap: legacy rule: a handout that would record a barrier while a capture has begun "
+    "elsewhere records nothing, and the real function answers") {
+  LegacyRig rig;
+  rig.router.after_stream_created();  // a blocking stream: handouts need a barrier
+  RealStub real;
+  void* p = freed_block(rig.router, 1000, real);  // legacy token, fence not completed
+  const std::uint64_t cached = rig.router.snapshot(0).cached_bytes;
+  // A capture counted after this call saw none (the hook's check) and before its handout.
+  rig.router.set_capture_probe(&a_capture_began);
+  CHECK(sync_alloc(rig.router, 0, 1000, real) == nullptr);  // passed to the real function
+  CHECK(real.calls == 1);
+  CHECK(real.last_request == 1000);
+  CHECK(rig.d.calls("cuEventRecord") == 0);  // nothing joined the capture
+  CHECK(rig.d.calls("cuCtxSynchronize") == 0);
+  const DeviceSnapshot s = rig.router.snapshot(0);
+  CHECK(s.stats.passthrough_allocs == 1);
+  CHECK(s.cached_bytes == cached);  // the block went back as it was
+  CHECK(s.stats.live_allocs.current == 0);
+  rig.router.set_capture_probe(nullptr);  // the capture ended
+  CHECK(sync_alloc(rig.router, 0, 1000, real) == p);
+  CHECK(rig.d.calls("cuEventRecord") == 1);
+  rig.check_reuses(1, 0);
+}
+
 TEST_CASE("heap: legacy_reuse=0: an ordered cudaFree's block waits for a fence") {
   LegacyRig rig(without_legacy_reuse());
   RealStub real;
