@@ -674,12 +674,10 @@ void* driver_library() {
 // libcuda's; where no thunk can stand for libcuda's function, the process is marked at once.
 void* watched_by_name(void* handle, const char* name) {
   if (!poolshim::shim::watched_name(name)) return nullptr;
-  void* library = poolshim::shim::driver_library();
   void* answer = poolshim::shim::real_dlsym()(handle, name);
-  if (answer == nullptr || library == nullptr ||
-      answer != poolshim::shim::real_dlsym()(library, name)) {
-    return nullptr;
-  }
+  if (answer == nullptr) return nullptr;
+  void* library = poolshim::shim::driver_library();
+  if (library == nullptr || answer != poolshim::shim::real_dlsym()(library, name)) return nullptr;
   const poolshim::shim::Watch w = poolshim::shim::watch_by_name(name, answer);
   if (w.status == poolshim::shim::Watch::exhausted) poolshim::shim::note_stream_beyond_legacy();
   if (w.status != poolshim::shim::Watch::watched) return nullptr;

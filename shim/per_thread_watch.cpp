@@ -17,6 +17,7 @@ static_assert(offsetof(CUlaunchConfig, hStream) == 32, "per_thread_watch.S reads
 namespace {
 
 // Where a thunk finds the stream (per_thread_watch.S's kinds). kPerThread: any call counts.
+// A named legacy thunk's kind is that of its exact symbol (cuda.h's last declaration of it).
 enum Kind : unsigned { kPerThread, kA0, kA1, kA2, kA3, kA4, kA5, kA7, kA8, kEx, kKinds };
 constexpr Kind kind_pt = kPerThread, kind_a0 = kA0, kind_a1 = kA1, kind_a2 = kA2, kind_a3 = kA3,
                kind_a4 = kA4, kind_a5 = kA5, kind_a7 = kA7, kind_a8 = kA8, kind_ex = kEx;
@@ -79,20 +80,31 @@ void* driver_export(const char* name) {
 // when the pool is used up. Two threads handing out one function at once may take a slot each.
 void* slot_for(Kind kind, void* real) {
   const unsigned first = pool_first(kind);
-  const unsigned taken = std::min(claimed[kind].load(std::memory_order_acquire), kPoolSize[kind]);
-  for (unsigned i = 0; i < taken; ++i) {
+  unsigned taken = claimed[kind].load(std::memory_order_acquire);
+  for (unsigned i = 0; i < std::min(taken, kPoolSize[kind]); ++i) {
     if (target(first + i) == real) return poolshim_watch_thunks[first + i];
   }
-  const unsigned slot = claimed[kind].fetch_add(1, std::memory_order_acq_rel);
-  if (slot >= kPoolSize[kind]) return nullptr;
-  set_target(first + slot, real);
-  return poolshim_watch_thunks[first + slot];
+  // The count stops at the pool's size: a slot, once handed out, keeps its target.
+  do {
+    if (taken >= kPoolSize[kind]) return nullptr;
+  } while (!claimed[kind].compare_exchange_weak(taken, taken + 1, std::memory_order_acq_rel));
+  set_target(first + taken, real);
+  return poolshim_watch_thunks[first + taken];
+}
+
+// Sets thunk `i`'s target to `real` unless it has one; returns the target it has.
+void* settle_target(unsigned i, void* real) {
+  void* expected = nullptr;
+  if (__atomic_compare_exchange_n(&poolshim_watch_targets[i], &expected, real, false,
+                                  __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    return real;
+  }
+  return expected;
 }
 
 // The named thunk `i` for libcuda's export `real`, or null when it stands for another function.
 void* named_for(unsigned i, void* real) {
-  if (target(i) == nullptr) set_target(i, real);
-  return target(i) == real ? poolshim_watch_thunks[i] : nullptr;
+  return settle_target(i, real) == real ? poolshim_watch_thunks[i] : nullptr;
 }
 
 // `name` is `base` or one of its versions (`base_v2`...).
@@ -109,15 +121,19 @@ bool variant_of(const char* name, const char* base, std::size_t base_length) {
 
 }  // namespace
 
-// The slow path of thunk `index`: resolve a named target (then the thunk starts again and checks
-// the call), or mark the process (before the call reaches the driver) and go to the target.
+// The slow path of thunk `index`. mark 0: the thunk had no target; resolve a named one (libcuda's
+// export, or not_found) and start the thunk again, which then checks the call. mark 1: the call
+// uses the per-thread default stream; mark the process (before the call reaches the driver; the
+// fast path starts only once the mark is made) and go to the target.
 void* poolshim_watch_first_use(unsigned index, int mark) {
-  if (target(index) == nullptr) {
-    void* real = index < kNamedCount ? driver_export(kNamed[index].name) : nullptr;
-    set_target(index, real != nullptr ? real : reinterpret_cast<void*>(&not_found));
+  if (mark == 0) {
+    if (target(index) == nullptr) {
+      void* real = index < kNamedCount ? driver_export(kNamed[index].name) : nullptr;
+      settle_target(index, real != nullptr ? real : reinterpret_cast<void*>(&not_found));
+    }
     return poolshim_watch_thunks[index];
   }
-  if (mark != 0 && __atomic_load_n(&poolshim_watch_seen, __ATOMIC_ACQUIRE) == 0) {
+  if (__atomic_load_n(&poolshim_watch_seen, __ATOMIC_ACQUIRE) == 0) {
     poolshim::shim::note_stream_beyond_legacy();
     __atomic_store_n(&poolshim_watch_seen, 1, __ATOMIC_RELEASE);
   }
@@ -132,18 +148,21 @@ void* per_thread_watch(void* real) {
 
 Watch legacy_stream_watch(const char* symbol, void* real) {
   const std::size_t length = std::strlen(symbol);
-  bool stream_function = false;
+  unsigned variants = 0;
   Kind kind = kPerThread;
+  bool one_place = true;  // every variant of the name has its stream in the same place
   for (unsigned i = 0; i < kNamedCount; ++i) {
     if (kNamed[i].kind == kPerThread || !variant_of(kNamed[i].name, symbol, length)) continue;
-    stream_function = true;
-    kind = kNamed[i].kind;  // every variant of a name has its stream in one place
+    if (variants++ > 0 && kNamed[i].kind != kind) one_place = false;
+    kind = kNamed[i].kind;
     if (driver_export(kNamed[i].name) == real) {
       if (void* thunk = named_for(i, real)) return {Watch::watched, thunk};
     }
   }
-  if (!stream_function) return {Watch::not_watched, real};
-  void* thunk = slot_for(kind, real);
+  if (variants == 0) return {Watch::not_watched, real};
+  // A variant libcuda does not export under a name: where the versions disagree on the place
+  // of the stream, no thunk can check it.
+  void* thunk = one_place ? slot_for(kind, real) : nullptr;
   return thunk != nullptr ? Watch{Watch::watched, thunk} : Watch{Watch::exhausted, real};
 }
 

@@ -353,6 +353,7 @@ StreamRegistry& streams() {
 }
 
 void note_stream_beyond_legacy() {
+  if (!bookkeeping_allowed()) return;  // a forked child of a started process touches nothing
   if (Router* router = router_if_running()) {
     router->after_stream_created();
   } else {
@@ -370,6 +371,9 @@ bool captures_active() {
 }
 
 void capture_began(cudaStream_t stream) {
+  // A capture of the per-thread default stream is a use of it (DESIGN §7): the legacy rule's
+  // barrier-free case ends here, while its barrier can still be recorded.
+  if (stream == cudaStreamPerThread) note_stream_beyond_legacy();
   Router* router = router_if_running();
   if (router != nullptr) router->before_capture();
   State& s = state();

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes shim/per_thread_names.h from the CUDA Toolkit: the driver's per-thread-default-stream
-exports (libcuda's `_ptsz`/`_ptds` names in the stub library) and, for each `_ptsz` one, its
-legacy twin with the place of its stream argument (from cuda.h's prototypes). The shim watches
-both (shim/per_thread_watch.h). --check compares instead of writing (a ctest runs it), so the
+exports (libcuda's `_ptsz`/`_ptds` names in the stub library) and every other export that takes
+a stream, with the place of its stream argument (from cuda.h's prototypes), less those
+driver_hooks.cpp hooks. The shim watches both (shim/per_thread_watch.h). --check compares instead of writing (a ctest runs it), so the
 list cannot drift from the toolkit it is built with.
 
 usage: gen_per_thread_names.py [--check] [--cuda DIR] [--out FILE]"""
@@ -13,13 +13,11 @@ import shutil
 import subprocess
 import sys
 
-# Hooked in driver_hooks.cpp: the hook sees the stream itself.
-HOOKED = {"cuMemAllocAsync", "cuMemFreeAsync", "cuMemAllocFromPoolAsync", "cuStreamBeginCapture_v2",
-          "cuStreamBeginCaptureToGraph", "cuStreamEndCapture"}
 # The stream lies in a structure: where the thunk finds it.
 IN_STRUCT = {"cuLaunchKernelEx": "ex"}
-# The only stream in a structure that is not watched: an upload stream (no application data).
-UNWATCHED = {"cuGraphInstantiateWithParams"}
+# Not watched: an upload stream inside a structure (no application data), and the functions
+# that make or destroy streams (hooked, or green contexts' own, which end the case themselves).
+UNWATCHED = {"cuGraphInstantiateWithParams", "cuGreenCtxStreamCreate"}
 REGISTER_ARGS = 6
 WATCHED_STACK_ARGS = (7, 8)  # the stack places the thunks can read (per_thread_watch.S)
 
@@ -31,11 +29,23 @@ def exports(cuda):
 
 
 def prototypes(cuda):
+    """name -> parameters. The last declaration wins: cuda.h declares the public names with the
+    newest signature (a macro renames them to _vN) and, at its end (__CUDA_API_VERSION_INTERNAL),
+    the old libcuda symbols of the same names with their own signatures, which is what a caller
+    of that exact symbol passes."""
     text = open(os.path.join(cuda, "include", "cuda.h")).read()
     found = {}
     for m in re.finditer(r"CUresult\s+CUDAAPI\s+(\w+)\s*\(([^;]*?)\)\s*;", text, re.S):
-        found.setdefault(m.group(1), [p.strip() for p in m.group(2).replace("\n", " ").split(",")])
+        found[m.group(1)] = [p.strip() for p in m.group(2).replace("\n", " ").split(",")]
     return found
+
+
+def hooked(root):
+    """The driver entry points driver_hooks.cpp hooks itself (its POOLSHIM_DRIVER_HOOKS list)."""
+    text = open(os.path.join(root, "shim", "driver_hooks.cpp")).read()
+    block = text[text.index("#define POOLSHIM_DRIVER_HOOKS(X)"):]
+    block = block[:block.index("\n\n")]
+    return set(re.findall(r"X\((cu\w+),", block))
 
 
 def stream_place(name, params):
@@ -50,31 +60,43 @@ def stream_place(name, params):
     sys.exit(f"gen_per_thread_names: {name} has its stream at argument {place}, which no thunk reads")
 
 
-def generate(cuda):
+# Places read by hand from cuda.h (CUDA 13.0), where versions of one name differ: the parse
+# must agree with them (a wrong place would let a per-thread call through unseen).
+KNOWN_PLACES = {"cuLaunchKernel": "a8", "cuLaunchKernelEx": "ex", "cuMemcpyBatchAsync": "a8",
+                "cuMemcpyBatchAsync_v2": "a7", "cuMemPrefetchAsync": "a3", "cuMemPrefetchAsync_v2": "a4",
+                "cuMemcpy3DBatchAsync": "a4", "cuMemcpy3DBatchAsync_v2": "a3", "cuStreamWaitEvent": "a0",
+                "cuMemcpyHtoDAsync": "a3", "cuMemcpyHtoDAsync_v2": "a3"}
+
+
+def generate(cuda, root):
     names = exports(cuda)
     protos = prototypes(cuda)
-    per_thread = sorted(n for n in names if n.endswith(("_ptsz", "_ptds")) and n[:-5] not in HOOKED)
+    hooks = hooked(root)
+    per_thread = sorted(n for n in names if n.endswith(("_ptsz", "_ptds")) and n not in hooks)
     legacy = []
-    for n in per_thread:
-        base = n[:-5]
-        if not n.endswith("_ptsz") or base in UNWATCHED or base not in names:
+    for n in sorted(names):
+        if n.endswith(("_ptsz", "_ptds")) or n in hooks or n in UNWATCHED:
             continue
-        params = protos.get(base)
+        params = protos.get(n)
         if params is None:
-            sys.exit(f"gen_per_thread_names: no prototype for {base} in cuda.h")
-        place = stream_place(base, params)
-        if place is None:
-            sys.exit(f"gen_per_thread_names: {base} (twin of {n}) has no stream argument")
-        legacy.append((base, place))
-    # A lookup's answer is placed by its base name (any _vN variant): they must agree.
-    by_base = {}
-    for name, place in legacy:
-        if by_base.setdefault(re.sub(r"_v\d+$", "", name), place) != place:
-            sys.exit(f"gen_per_thread_names: the variants of {name} have their streams in different places")
+            continue  # not in cuda.h: nothing to read the stream from
+        place = stream_place(n, params)
+        if place is not None:
+            legacy.append((n, place))
+    places = dict(legacy)
+    for n, want in KNOWN_PLACES.items():
+        if n in names and places.get(n) != want:
+            sys.exit(f"gen_per_thread_names: {n}'s stream parsed at {places.get(n)}, known at {want}")
+    for n in per_thread:  # every per-thread variant's twin takes a stream, if libcuda has it
+        twin = n[:-5]
+        if n.endswith("_ptsz") and twin in names and twin not in hooks and twin not in UNWATCHED and \
+                twin not in dict(legacy):
+            sys.exit(f"gen_per_thread_names: {twin} (twin of {n}) has no stream argument in cuda.h")
     lines = [
         "// Generated by shim/tools/gen_per_thread_names.py from the CUDA Toolkit (libcuda's stub",
-        "// exports and cuda.h); a ctest checks it against the toolkit the build uses. Plain C",
-        "// preprocessor, shared by per_thread_watch.S and per_thread_watch.cpp.",
+        "// exports and cuda.h) and driver_hooks.cpp's hook list; a ctest checks it against the",
+        "// toolkit the build uses. Plain C preprocessor, shared by per_thread_watch.S and",
+        "// per_thread_watch.cpp.",
         "#pragma once",
         "",
         "// X(name): the driver's per-thread-default-stream exports the shim does not hook. Any call",
@@ -85,8 +107,9 @@ def generate(cuda):
     lines[-1] = lines[-1][:-2]
     lines += [
         "",
-        "// X(name, place): their legacy twins, with where the stream argument is (aN: argument N;",
-        "// ex: the launch configuration's hStream). A call naming CU_STREAM_PER_THREAD there is one.",
+        "// X(name, place): the other exports that take a stream (not made or destroyed by them),",
+        "// with where the stream argument of that exact symbol is (aN: argument N; ex: the launch",
+        "// configuration's hStream). A call naming CU_STREAM_PER_THREAD there is such a use.",
         "#define POOLSHIM_LEGACY_STREAM_WATCHED(X) \\",
     ]
     lines += [f"  X({n}, {p}) \\" for n, p in legacy]
@@ -101,7 +124,7 @@ def main():
     parser.add_argument("--cuda", default=os.environ.get("CUDA_HOME", "/usr/local/cuda"))
     parser.add_argument("--out", default=os.path.join(here, "..", "per_thread_names.h"))
     args = parser.parse_args()
-    text = generate(args.cuda)
+    text = generate(args.cuda, os.path.join(here, "..", ".."))
     clang_format = shutil.which("clang-format")
     if clang_format:  # the file is formatted as the rest of the tree (the format ctest checks it)
         text = subprocess.run([clang_format, "--assume-filename=" + args.out], input=text, capture_output=True,

@@ -1,7 +1,7 @@
 // A driver-API program (linked against libcuda) that reaches the per-thread default stream in
 // the way MODE names, between two allocations, and prints the results (no pointers):
 //   per_thread_calls none | lookup | proc | dlsym | direct | legacy | explicit | explicit_proc |
-//                    launch_legacy | launch_explicit
+//                    launch_legacy | launch_explicit | capture
 // none: never; lookup: looks cuStreamSynchronize's `_ptsz` form up through cuGetProcAddress
 // with the per-thread flag (as CUDA 13's runtime does at start in every program) and never
 // calls it; proc: looks it up so and calls it; dlsym: finds it by name in libcuda.so.1 and calls
@@ -9,7 +9,8 @@
 // legacy stream; explicit: on CU_STREAM_PER_THREAD; explicit_proc: the same through the legacy
 // variant that cuGetProcAddress hands out. launch_legacy / launch_explicit: cuLaunchKernel (its
 // stream is the ninth argument, on the stack) on stream 0 / CU_STREAM_PER_THREAD, with a bogus
-// function (the double runs no kernel: CUDA_ERROR_NOT_SUPPORTED once it has read the stream). The
+// function (the double runs no kernel: CUDA_ERROR_NOT_SUPPORTED once it has read the stream).
+// capture: begins and ends a capture of CU_STREAM_PER_THREAD (hooked, not watched). The
 // shim must take only a call on the per-thread stream for it in use (the exit record's
 // legacy_only).
 #include <cuda.h>
@@ -32,6 +33,15 @@ int reach(const char* mode) {
     const CUstream s = std::strcmp(mode, "launch_explicit") == 0 ? CU_STREAM_PER_THREAD : nullptr;
     return cuLaunchKernel(reinterpret_cast<CUfunction>(1), 1, 1, 1, 1, 1, 1, 0, s, nullptr,
                           nullptr);
+  }
+  if (std::strcmp(mode, "capture") == 0) {
+    CUgraph graph = nullptr;
+    const CUresult b =
+        cuStreamBeginCapture(CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    if (b != CUDA_SUCCESS) return b;
+    const CUresult e = cuStreamEndCapture(CU_STREAM_PER_THREAD, &graph);
+    if (e == CUDA_SUCCESS && graph != nullptr) cuGraphDestroy(graph);
+    return e;
   }
   if (std::strcmp(mode, "explicit_proc") == 0) {
     void* fn = nullptr;
@@ -77,5 +87,8 @@ int main(int argc, char** argv) {
   const CUresult r8 = cuMemFree(b);
   std::printf("per_thread_calls %s: %d %d %d %d %d %d %d %d %d\n", mode, r1, r2, r3, r4, r5, r6,
               reached, r7, r8);
-  return reached == CUDA_SUCCESS || reached == CUDA_ERROR_NOT_SUPPORTED ? 0 : 1;
+  return reached == CUDA_SUCCESS || reached == CUDA_ERROR_NOT_SUPPORTED ||
+                 reached == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+             ? 0
+             : 1;
 }
