@@ -614,7 +614,7 @@ CUresult answer_proc_address(CUresult r, const char* symbol, void** pfn, cuuint6
                           (legacy_lookup(&legacy) != CUDA_SUCCESS || legacy != real);
   poolshim::shim::Watch w{poolshim::shim::Watch::exhausted, real};
   if (per_thread) {
-    if (void* thunk = poolshim::shim::per_thread_watch(real))
+    if (void* thunk = poolshim::shim::per_thread_watch(symbol, real))
       w = {poolshim::shim::Watch::watched, thunk};
   } else {
     w = poolshim::shim::legacy_stream_watch(symbol, real);

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstring>
+#include <string>
 
 #include "per_thread_names.h"
 #include "real_driver.h"
@@ -142,7 +143,18 @@ void* poolshim_watch_first_use(unsigned index, int mark) {
 
 namespace poolshim::shim {
 
-void* per_thread_watch(void* real) {
+void* per_thread_watch(const char* symbol, void* real) {
+  // libcuda's own export (`symbol`[_vN]_ptsz or _ptds): its named thunk; else a slot.
+  const std::size_t length = std::strlen(symbol);
+  for (unsigned i = 0; i < kNamedCount; ++i) {
+    if (kNamed[i].kind != kPerThread) continue;
+    const char* name = kNamed[i].name;
+    const std::size_t n = std::strlen(name);
+    if (n < length + 5 || std::strncmp(name, symbol, length) != 0) continue;
+    const std::string base(name, n - 5);  // without _ptsz / _ptds
+    if (!variant_of(base.c_str(), symbol, length) || driver_export(name) != real) continue;
+    if (void* thunk = named_for(i, real)) return thunk;
+  }
   return slot_for(kPerThread, real);
 }
 

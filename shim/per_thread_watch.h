@@ -17,9 +17,10 @@ struct Watch {
   void* answer;
 };
 
-/// A thunk behaving as `real`, a per-thread variant libcuda handed out, that marks the process
-/// at its first call; the same one for the same `real`. Null when no slot is left.
-void* per_thread_watch(void* real);
+/// A thunk behaving as `real`, the per-thread variant of driver function `symbol` (a base name)
+/// that libcuda handed out, that marks the process at its first call: the named thunk of
+/// libcuda's export, else a slot, the same one for the same `real`. Null when no slot is left.
+void* per_thread_watch(const char* symbol, void* real);
 
 /// For `real`, the variant of driver function `symbol` (a base name, as cuGetProcAddress takes)
 /// that libcuda handed out for the legacy stream: a thunk that marks the process at a call whose

@@ -147,7 +147,7 @@ def watched_names():
 
 def check_proc_address(native_out, shim_out):
     native_lines, shim_lines = native_out.splitlines(), shim_out.splitlines()
-    legacy_watched = watched_names()[1]
+    per_thread_watched, legacy_watched = watched_names()
     expect_equal(len(shim_lines), len(native_lines), "lookups")
     hooked = 0
     for n, s in zip(native_lines, shim_lines):
@@ -158,13 +158,13 @@ def check_proc_address(native_out, shim_out):
         s_result, s_status, s_variant, s_owner = s_answer.split()
         if n_variant.endswith(("_ptsz", "_ptds")) and n_variant not in HOOKED_VARIANTS:
             # A per-thread variant the shim does not hook: handed back as a watching thunk
-            # (shim/per_thread_watch.h), which stands for the driver's function.
-            expect_equal((s_result, s_status, s_variant, s_owner),
-                         (n_result, n_status, "poolshim_per_thread_watch_slots", "poolshim"),
+            # (shim/per_thread_watch.h): the named one of libcuda's export, else a slot.
+            wanted = n_variant if n_variant in per_thread_watched else "poolshim_per_thread_watch_slots"
+            expect_equal((s_result, s_status, s_variant, s_owner), (n_result, n_status, wanted, "poolshim"),
                          f"answer to {n_query} ({n_variant})")
             hooked += 1
             continue
-        if n_variant in legacy_watched:  # a stream function's legacy variant: its named thunk
+        if n_variant in legacy_watched:  # another variant taking a stream: its named thunk
             expect_equal((s_result, s_status, s_variant, s_owner), (n_result, n_status, n_variant, "poolshim"),
                          f"answer to {n_query} ({n_variant})")
             hooked += 1
