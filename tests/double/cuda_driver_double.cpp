@@ -11,7 +11,9 @@
 #include "cudadouble.h"
 
 #include <cuda.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -162,6 +165,8 @@
   X(cuMemAddressFree)                  \
   X(cuMemCreate)                       \
   X(cuMemRelease)                      \
+  X(cuMemExportToShareableHandle)      \
+  X(cuMemImportFromShareableHandle)    \
   X(cuMemMap)                          \
   X(cuMemUnmap)                        \
   X(cuMemSetAccess)
@@ -326,7 +331,9 @@ struct Physical {
   size_t size;
   int fd;
   int mappings = 0;
-  bool released = false;  // freed when its last mapping goes, as the driver does
+  bool released = false;    // freed when its last mapping goes, as the driver does
+  bool exportable = false;  // created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+  bool imported = false;    // cuMemImportFromShareableHandle: the exporter's memory, not counted
 };
 
 struct Mapping {
@@ -2448,7 +2455,7 @@ bool overlapsMapping(const State& s, uintptr_t va, size_t size) {
 }
 
 void dropPhysical(State& s, std::map<CUmemGenericAllocationHandle, Physical>::iterator it) {
-  s.devices[it->second.device].vmm_bytes -= it->second.size;
+  if (!it->second.imported) s.devices[it->second.device].vmm_bytes -= it->second.size;
   close(it->second.fd);
   s.physical.erase(it);
 }
@@ -2507,19 +2514,88 @@ CUDADOUBLE_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t
         size % kVmmGranularity != 0 || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
         !validLocation(s, prop->location))
       return CUDA_ERROR_INVALID_VALUE;
+    if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE &&
+        prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+      return CUDA_ERROR_NOT_SUPPORTED;
     const int d = prop->location.id;
     const size_t consumed = consumption(s, d);
     if (size > s.devices[d].capacity || consumed > s.devices[d].capacity - size)
       return CUDA_ERROR_OUT_OF_MEMORY;
-    const int fd = memfd_create("cudadouble-vmm", MFD_CLOEXEC);
+    // The name carries the device, for an importer of the descriptor (vmmDeviceOf).
+    const std::string name = "cudadouble-vmm-device-" + std::to_string(d);
+    const int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
       close(fd);
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
     const CUmemGenericAllocationHandle h = s.next_handle++;
-    s.physical.emplace(h, Physical{d, size, fd});
+    Physical physical{d, size, fd};
+    physical.exportable = prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    s.physical.emplace(h, physical);
     s.devices[d].vmm_bytes += size;
+    *handle = h;
+    return CUDA_SUCCESS;
+  });
+}
+
+namespace {
+
+// The device of a descriptor that cuMemCreate made (in this or another process: its memfd's
+// name says), or -1 for any other descriptor.
+int vmmDeviceOf(int fd) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  char target[256] = {};
+  const ssize_t n = readlink(path, target, sizeof target - 1);
+  if (n <= 0) return -1;
+  int device = -1;
+  return std::sscanf(target, "/memfd:cudadouble-vmm-device-%d", &device) == 1 ? device : -1;
+}
+
+}  // namespace
+
+// A POSIX file descriptor of physical memory made exportable at its creation: a new descriptor,
+// close-on-exec, which the caller owns (the real driver's close-on-exec state is not documented).
+CUDADOUBLE_API CUresult cuMemExportToShareableHandle(void* shareableHandle,
+                                                     CUmemGenericAllocationHandle handle,
+                                                     CUmemAllocationHandleType handleType,
+                                                     unsigned long long flags) {
+  return guarded(entry::cuMemExportToShareableHandle, [&](State& s) {
+    auto it = s.physical.find(handle);
+    if (shareableHandle == nullptr || flags != 0 || it == s.physical.end() || it->second.released ||
+        handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || !it->second.exportable)
+      return CUDA_ERROR_INVALID_VALUE;
+    const int fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    *static_cast<int*>(shareableHandle) = fd;
+    return CUDA_SUCCESS;
+  });
+}
+
+// Physical memory from a descriptor that cuMemExportToShareableHandle gave (any process): a new
+// handle to the same memory, which counts toward no device's consumption here (it is the
+// exporter's). The caller keeps its descriptor.
+CUDADOUBLE_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
+                                                       void* osHandle,
+                                                       CUmemAllocationHandleType shHandleType) {
+  return guarded(entry::cuMemImportFromShareableHandle, [&](State& s) {
+    const int given = static_cast<int>(reinterpret_cast<intptr_t>(osHandle));
+    if (handle == nullptr || shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+      return CUDA_ERROR_INVALID_VALUE;
+    const int device = vmmDeviceOf(given);
+    struct stat st {};
+    if (device < 0 || fstat(given, &st) != 0 || st.st_size <= 0 ||
+        static_cast<size_t>(st.st_size) % kVmmGranularity != 0)
+      return CUDA_ERROR_INVALID_HANDLE;
+    if (!validDevice(s, device)) return CUDA_ERROR_INVALID_DEVICE;
+    const int fd = fcntl(given, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    const CUmemGenericAllocationHandle h = s.next_handle++;
+    Physical physical{device, static_cast<size_t>(st.st_size), fd};
+    physical.exportable = true;
+    physical.imported = true;
+    s.physical.emplace(h, physical);
     *handle = h;
     return CUDA_SUCCESS;
   });

@@ -30,6 +30,14 @@
  *   aligned address inside a reservation; its range is device memory (to copies and sets) once
  *   cuMemSetAccess gave read-write access. The contents stay with the handle: unmapped and
  *   mapped elsewhere, it holds what was written. VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 1.
+ *   Physical memory made with requestedHandleTypes CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+ *   (the only other type than NONE; the rest fail with CUDA_ERROR_NOT_SUPPORTED) exports as a
+ *   new close-on-exec descriptor (cuMemExportToShareableHandle; other memory or types:
+ *   CUDA_ERROR_INVALID_VALUE), which imports in any process as a new handle to the same memory
+ *   (cuMemImportFromShareableHandle; the caller keeps its descriptor; it counts in no device's
+ *   consumption there; a descriptor the double did not make: CUDA_ERROR_INVALID_HANDLE). The
+ *   real driver's error codes for the refusals and its descriptor's close-on-exec state were
+ *   not checked on a GPU.
  * - Stream capture follows cuThreadExchangeStreamCaptureMode: a thread in GLOBAL mode may not
  *   call cuMemAlloc, cuMemFree (non-null) or cuCtxSynchronize during its own non-relaxed
  *   capture or another thread's GLOBAL capture; in THREAD_LOCAL mode only its own counts; in

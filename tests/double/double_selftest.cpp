@@ -7,6 +7,9 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -1313,4 +1316,143 @@ TEST_CASE("runtime: versions and device attributes") {
   REQUIRE(cudaDeviceGetAttribute(&value, cudaDevAttrMemoryPoolsSupported, 1) == cudaSuccess);
   CHECK(value == 1);
   CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrClockRate, 0) == cudaErrorInvalidValue);
+}
+
+namespace {
+
+// `bytes` of exportable (or not) physical memory on device 0, mapped read-write at a new range.
+struct MappedVmm {
+  CUmemGenericAllocationHandle handle = 0;
+  CUdeviceptr va = 0;
+  size_t bytes = 0;
+};
+
+CUmemAllocationProp vmmProp(CUmemAllocationHandleType types) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  prop.requestedHandleTypes = types;
+  return prop;
+}
+
+CUdeviceptr mapReadWrite(CUmemGenericAllocationHandle handle, size_t bytes) {
+  CUdeviceptr va = 0;
+  REQUIRE(cuMemAddressReserve(&va, bytes, 0, 0, 0) == CUDA_SUCCESS);
+  REQUIRE(cuMemMap(va, bytes, 0, handle, 0) == CUDA_SUCCESS);
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = 0;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  REQUIRE(cuMemSetAccess(va, bytes, &access, 1) == CUDA_SUCCESS);
+  return va;
+}
+
+MappedVmm exportableVmm(size_t bytes) {
+  MappedVmm m;
+  m.bytes = bytes;
+  const CUmemAllocationProp prop = vmmProp(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  REQUIRE(cuMemCreate(&m.handle, bytes, &prop, 0) == CUDA_SUCCESS);
+  m.va = mapReadWrite(m.handle, bytes);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "VMM memory made with the POSIX descriptor handle type exports a descriptor that imports as "
+    "the same memory, counted once") {
+  startDriver();
+  MappedVmm m = exportableVmm(2 * MiB);
+  std::memset(reinterpret_cast<void*>(m.va), 0x5A, m.bytes);
+  int fd = -1;
+  REQUIRE(cuMemExportToShareableHandle(&fd, m.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                       0) == CUDA_SUCCESS);
+  CHECK(fd >= 0);
+  CHECK((fcntl(fd, F_GETFD) & FD_CLOEXEC) != 0);  // a child made by exec does not inherit it
+  CUmemGenericAllocationHandle imported = 0;
+  REQUIRE(cuMemImportFromShareableHandle(&imported, reinterpret_cast<void*>(intptr_t{fd}),
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == CUDA_SUCCESS);
+  close(fd);  // the import keeps its own
+  CHECK(imported != m.handle);
+  CHECK(stats().vmm_bytes == 2 * MiB);  // the same memory, not more of it
+  const CUdeviceptr other = mapReadWrite(imported, m.bytes);
+  CHECK(static_cast<unsigned char*>(reinterpret_cast<void*>(other))[m.bytes - 1] == 0x5A);
+  static_cast<unsigned char*>(reinterpret_cast<void*>(other))[0] = 0x11;
+  CHECK(static_cast<unsigned char*>(reinterpret_cast<void*>(m.va))[0] == 0x11);
+  REQUIRE(cuMemUnmap(other, m.bytes) == CUDA_SUCCESS);
+  REQUIRE(cuMemRelease(imported) == CUDA_SUCCESS);
+  CHECK(stats().vmm_bytes == 2 * MiB);
+  REQUIRE(cuMemUnmap(m.va, m.bytes) == CUDA_SUCCESS);
+  REQUIRE(cuMemRelease(m.handle) == CUDA_SUCCESS);
+  CHECK(stats().vmm_bytes == 0);
+}
+
+TEST_CASE("an exported VMM descriptor imported in a forked child shares the memory both ways") {
+  startDriver();
+  MappedVmm m = exportableVmm(4 * MiB);
+  std::memset(reinterpret_cast<void*>(m.va), 0x33, m.bytes);
+  int fd = -1;
+  REQUIRE(cuMemExportToShareableHandle(&fd, m.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                                       0) == CUDA_SUCCESS);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // Exit status: 0 when the child saw the parent's bytes and wrote its own.
+    CUmemGenericAllocationHandle h = 0;
+    if (cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(intptr_t{fd}),
+                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS)
+      _exit(2);
+    CUdeviceptr va = 0;
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (cuMemAddressReserve(&va, m.bytes, 0, 0, 0) != CUDA_SUCCESS ||
+        cuMemMap(va, m.bytes, 0, h, 0) != CUDA_SUCCESS ||
+        cuMemSetAccess(va, m.bytes, &access, 1) != CUDA_SUCCESS)
+      _exit(3);
+    auto* bytes = static_cast<unsigned char*>(reinterpret_cast<void*>(va));
+    if (bytes[12345] != 0x33) _exit(4);
+    bytes[m.bytes / 2] = 0xC4;
+    _exit(0);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(static_cast<unsigned char*>(reinterpret_cast<void*>(m.va))[m.bytes / 2] == 0xC4);
+  close(fd);
+  REQUIRE(cuMemUnmap(m.va, m.bytes) == CUDA_SUCCESS);
+  REQUIRE(cuMemRelease(m.handle) == CUDA_SUCCESS);
+}
+
+TEST_CASE(
+    "VMM export refuses memory not made exportable and other handle types, and import a "
+    "descriptor the double did not make") {
+  startDriver();
+  CUmemGenericAllocationHandle plain = 0;
+  const CUmemAllocationProp none = vmmProp(CU_MEM_HANDLE_TYPE_NONE);
+  REQUIRE(cuMemCreate(&plain, 2 * MiB, &none, 0) == CUDA_SUCCESS);
+  int fd = -1;
+  CHECK(cuMemExportToShareableHandle(&fd, plain, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(fd == -1);
+  MappedVmm m = exportableVmm(2 * MiB);
+  CHECK(cuMemExportToShareableHandle(&fd, m.handle, CU_MEM_HANDLE_TYPE_FABRIC, 0) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CHECK(cuMemExportToShareableHandle(&fd, m.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 1) ==
+        CUDA_ERROR_INVALID_VALUE);
+  CUmemGenericAllocationHandle h = 0;
+  const CUmemAllocationProp fabric = vmmProp(CU_MEM_HANDLE_TYPE_FABRIC);
+  CHECK(cuMemCreate(&h, 2 * MiB, &fabric, 0) == CUDA_ERROR_NOT_SUPPORTED);
+  const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  REQUIRE(null_fd >= 0);
+  CHECK(cuMemImportFromShareableHandle(&h, reinterpret_cast<void*>(intptr_t{null_fd}),
+                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) ==
+        CUDA_ERROR_INVALID_HANDLE);
+  close(null_fd);
+  CHECK(stats().vmm_bytes == 4 * MiB);
+  REQUIRE(cuMemRelease(plain) == CUDA_SUCCESS);
+  REQUIRE(cuMemUnmap(m.va, m.bytes) == CUDA_SUCCESS);
+  REQUIRE(cuMemRelease(m.handle) == CUDA_SUCCESS);
 }
