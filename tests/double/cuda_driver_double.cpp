@@ -166,6 +166,9 @@
   X(cuMemCreate)                       \
   X(cuMemRelease)                      \
   X(cuMemExportToShareableHandle)      \
+  X(cuIpcGetMemHandle)                 \
+  X(cuIpcOpenMemHandle_v2)             \
+  X(cuIpcCloseMemHandle)               \
   X(cuMemImportFromShareableHandle)    \
   X(cuMemMap)                          \
   X(cuMemUnmap)                        \
@@ -296,8 +299,32 @@ using Pool = CUmemPoolHandle_st;
 struct PlainAllocation {
   int device;
   size_t requested;
-  size_t size;  // rounded: what counts toward consumption and may be touched
+  size_t size;              // rounded: what counts toward consumption and may be touched
+  int ipc_fd = -1;          // once exported (cuIpcGetMemHandle): the memfd now behind it
+  uint64_t ipc_serial = 0;  // and its number, in the handle and the memfd's name
 };
+
+// Another process's exported allocation, opened here (cuIpcOpenMemHandle).
+struct IpcOpened {
+  int device;
+  size_t size;
+  pid_t pid;
+  uint64_t serial;
+  int count;  // opens not yet closed
+};
+
+// The bytes of a legacy IPC handle (64, CU_IPC_HANDLE_SIZE).
+struct IpcHandleBytes {
+  char magic[8];  // "CUDADBL1"
+  int32_t pid;
+  int32_t fd;
+  uint64_t serial;
+  uint64_t size;
+  int32_t device;
+  char unused[28];
+};
+static_assert(sizeof(IpcHandleBytes) == CU_IPC_HANDLE_SIZE, "a legacy IPC handle is 64 bytes");
+constexpr char kIpcMagic[8] = {'C', 'U', 'D', 'A', 'D', 'B', 'L', '1'};
 
 struct PoolAllocation {
   Pool* pool;
@@ -352,6 +379,8 @@ struct State {
   std::array<CUctx_st, kMaxDevices> contexts;  // primary contexts; addresses never change
   std::vector<std::unique_ptr<Pool>> pools;    // default, app-created and destroyed-but-busy
   std::map<uintptr_t, PlainAllocation> plain;
+  std::map<uintptr_t, IpcOpened> ipc_opened;  // by address
+  uint64_t next_ipc_serial = 1;
   std::map<uintptr_t, PoolAllocation> pool_allocations;
   std::map<uintptr_t, Chunk*> chunks;  // by base address, to validate copies
   std::map<uintptr_t, HostAllocation> host;
@@ -423,7 +452,12 @@ bool parseSize(const char* text, size_t* out) {
 }
 
 void releaseEverything(State& s) {
-  for (auto& [base, allocation] : s.plain) munmap(reinterpret_cast<void*>(base), allocation.size);
+  for (auto& [base, allocation] : s.plain) {
+    munmap(reinterpret_cast<void*>(base), allocation.size);
+    if (allocation.ipc_fd >= 0) close(allocation.ipc_fd);
+  }
+  for (auto& [base, opened] : s.ipc_opened) munmap(reinterpret_cast<void*>(base), opened.size);
+  s.ipc_opened.clear();
   for (auto& [base, chunk] : s.chunks) munmap(reinterpret_cast<void*>(base), chunk->size);
   for (auto& [base, allocation] : s.host) std::free(reinterpret_cast<void*>(base));
   for (auto& [base, size] : s.reservations) munmap(reinterpret_cast<void*>(base), size);
@@ -808,6 +842,13 @@ Memory classify(const State& s, uintptr_t p, size_t n) {
       return fits(plain->first, plain->second.size) ? Memory::Device : Memory::Invalid;
     }
   }
+  auto opened = s.ipc_opened.upper_bound(p);
+  if (opened != s.ipc_opened.begin()) {
+    --opened;
+    if (within(opened->first, opened->second.size)) {
+      return fits(opened->first, opened->second.size) ? Memory::Device : Memory::Invalid;
+    }
+  }
   auto chunk = s.chunks.upper_bound(p);
   if (chunk != s.chunks.begin()) {
     --chunk;
@@ -924,7 +965,16 @@ void resetDevice(State& s, int device) {
       continue;
     }
     munmap(reinterpret_cast<void*>(it->first), it->second.size);
+    if (it->second.ipc_fd >= 0) close(it->second.ipc_fd);
     it = s.plain.erase(it);
+  }
+  for (auto it = s.ipc_opened.begin(); it != s.ipc_opened.end();) {
+    if (it->second.device != device) {
+      ++it;
+      continue;
+    }
+    munmap(reinterpret_cast<void*>(it->first), it->second.size);
+    it = s.ipc_opened.erase(it);
   }
   dev.plain_bytes = 0;
   dev.plain_count = 0;
@@ -976,6 +1026,7 @@ constexpr Variant kVariants[] = {
     {"cuStreamGetCaptureInfo", 12030, "cuStreamGetCaptureInfo_v3"},
     {"cuStreamGetCaptureInfo", 11030, "cuStreamGetCaptureInfo_v2"},
     {"cuGetProcAddress", 12000, "cuGetProcAddress_v2"},
+    {"cuIpcOpenMemHandle", 11000, "cuIpcOpenMemHandle_v2"},
     {"cuDeviceGetUuid", 11040, "cuDeviceGetUuid_v2"},
     {"cuDevicePrimaryCtxRelease", 11000, "cuDevicePrimaryCtxRelease_v2"},
     {"cuDevicePrimaryCtxReset", 11000, "cuDevicePrimaryCtxReset_v2"},
@@ -1506,6 +1557,7 @@ CUDADOUBLE_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
       device.plain_bytes -= it->second.size;
       --device.plain_count;
       munmap(reinterpret_cast<void*>(it->first), it->second.size);
+      if (it->second.ipc_fd >= 0) close(it->second.ipc_fd);  // importers keep their mappings
       s.plain.erase(it);
       return CUDA_SUCCESS;
     }
@@ -2415,6 +2467,114 @@ CUDADOUBLE_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute at
         break;
       default:
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
+// ---- legacy IPC --------------------------------------------------------------------------------
+
+namespace {
+
+// The memfd behind an exported allocation, by its name: "cudadouble-ipc-<serial>".
+std::string ipcName(uint64_t serial) {
+  return "cudadouble-ipc-" + std::to_string(serial);
+}
+
+// An allocation's memory moved into a memfd mapped at the same address (once), so that another
+// process can map it too.
+CUresult makeShareable(State& s, PlainAllocation& a, uintptr_t base) {
+  if (a.ipc_fd >= 0) return CUDA_SUCCESS;
+  const uint64_t serial = s.next_ipc_serial++;
+  const int fd = memfd_create(ipcName(serial).c_str(), MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_MAP_FAILED;
+  void* at = reinterpret_cast<void*>(base);
+  if (ftruncate(fd, static_cast<off_t>(a.size)) != 0 ||
+      pwrite(fd, at, a.size, 0) != static_cast<ssize_t>(a.size) ||
+      mmap(at, a.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    close(fd);
+    return CUDA_ERROR_MAP_FAILED;
+  }
+  a.ipc_fd = fd;
+  a.ipc_serial = serial;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+// Exports a plain allocation (its base only): the same bytes for every call on the same live
+// allocation, new ones for a new allocation at the same address. Pool and VMM memory, and
+// interior pointers: CUDA_ERROR_INVALID_VALUE (the real driver's code for those is unchecked).
+CUDADOUBLE_API CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
+  return guarded(entry::cuIpcGetMemHandle, [&](State& s) {
+    CUctx_st* ctx = nullptr;
+    if (CUresult r = requireContext(s, &ctx)) return r;
+    auto it = s.plain.find(address(dptr));
+    if (pHandle == nullptr || it == s.plain.end()) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = makeShareable(s, it->second, it->first)) return r;
+    IpcHandleBytes h{};
+    std::memcpy(h.magic, kIpcMagic, sizeof h.magic);
+    h.pid = static_cast<int32_t>(getpid());
+    h.fd = it->second.ipc_fd;
+    h.serial = it->second.ipc_serial;
+    h.size = it->second.size;
+    h.device = it->second.device;
+    std::memcpy(pHandle->reserved, &h, sizeof h);
+    return CUDA_SUCCESS;
+  });
+}
+
+// Opens another process's export: mapped at a new address; opened again in this process, the
+// same address with one more reference. In the exporting process: CUDA_ERROR_INVALID_CONTEXT (as
+// the real driver answers, reported by UCX); no such export (its process or allocation is gone,
+// or the bytes are no handle of the double's): CUDA_ERROR_INVALID_HANDLE (unchecked on a GPU).
+CUDADOUBLE_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle,
+                                              unsigned int Flags) {
+  return guarded(entry::cuIpcOpenMemHandle_v2, [&](State& s) {
+    CUctx_st* ctx = nullptr;
+    if (CUresult r = requireContext(s, &ctx)) return r;
+    if (pdptr == nullptr || (Flags & ~CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != 0)
+      return CUDA_ERROR_INVALID_VALUE;
+    IpcHandleBytes h{};
+    std::memcpy(&h, handle.reserved, sizeof h);
+    if (std::memcmp(h.magic, kIpcMagic, sizeof h.magic) != 0 || h.size == 0)
+      return CUDA_ERROR_INVALID_HANDLE;
+    if (h.pid == static_cast<int32_t>(getpid())) return CUDA_ERROR_INVALID_CONTEXT;
+    for (auto& [base, opened] : s.ipc_opened) {
+      if (opened.pid == h.pid && opened.serial == h.serial) {
+        ++opened.count;
+        *pdptr = static_cast<CUdeviceptr>(base);
+        return CUDA_SUCCESS;
+      }
+    }
+    const std::string path = "/proc/" + std::to_string(h.pid) + "/fd/" + std::to_string(h.fd);
+    char target[256] = {};
+    const ssize_t n = readlink(path.c_str(), target, sizeof target - 1);
+    const std::string expected = "/memfd:" + ipcName(h.serial) + " (deleted)";
+    if (n <= 0 || expected != target) return CUDA_ERROR_INVALID_HANDLE;
+    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return CUDA_ERROR_INVALID_HANDLE;
+    void* p = mmap(nullptr, h.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return CUDA_ERROR_MAP_FAILED;
+    const int device = validDevice(s, h.device) ? h.device : ctx->device;
+    s.ipc_opened.emplace(reinterpret_cast<uintptr_t>(p),
+                         IpcOpened{device, static_cast<size_t>(h.size), h.pid, h.serial, 1});
+    *pdptr = reinterpret_cast<CUdeviceptr>(p);
+    return CUDA_SUCCESS;
+  });
+}
+
+// One reference less; unmapped at none. Not an opened address: CUDA_ERROR_INVALID_VALUE.
+CUDADOUBLE_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  return guarded(entry::cuIpcCloseMemHandle, [&](State& s) {
+    CUctx_st* ctx = nullptr;
+    if (CUresult r = requireContext(s, &ctx)) return r;
+    auto it = s.ipc_opened.find(address(dptr));
+    if (it == s.ipc_opened.end()) return CUDA_ERROR_INVALID_VALUE;
+    if (--it->second.count == 0) {
+      munmap(reinterpret_cast<void*>(it->first), it->second.size);
+      s.ipc_opened.erase(it);
     }
     return CUDA_SUCCESS;
   });

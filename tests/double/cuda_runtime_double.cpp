@@ -50,6 +50,9 @@ constexpr int kPerThreadFormsSince = 7000;
   X(eventCreate, "cuEventCreate", 2000, cuEventCreate)                                        \
   X(eventSynchronize, "cuEventSynchronize", 2000, cuEventSynchronize)                         \
   X(eventDestroy, "cuEventDestroy", 4000, cuEventDestroy_v2)                                  \
+  X(ipcGetMemHandle, "cuIpcGetMemHandle", 4010, cuIpcGetMemHandle)                            \
+  X(ipcOpenMemHandle, "cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2)                     \
+  X(ipcCloseMemHandle, "cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle)                      \
   X(deviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool)   \
   X(deviceGetMemPool, "cuDeviceGetMemPool", 11020, cuDeviceGetMemPool)                        \
   X(deviceSetMemPool, "cuDeviceSetMemPool", 11020, cuDeviceSetMemPool)                        \
@@ -214,6 +217,8 @@ cudaError_t toRuntimeError(CUresult r) {
       return cudaErrorStreamCaptureMerge;
     case CUDA_ERROR_STREAM_CAPTURE_UNMATCHED:
       return cudaErrorStreamCaptureUnmatched;
+    case CUDA_ERROR_MAP_FAILED:
+      return cudaErrorMapBufferObjectFailed;
     case CUDA_ERROR_STREAM_CAPTURE_UNJOINED:
       return cudaErrorStreamCaptureUnjoined;
     case CUDA_ERROR_STREAM_CAPTURE_ISOLATION:
@@ -640,6 +645,34 @@ CUDART_DOUBLE_API cudaError_t cudaFree(void* devPtr) {
     if (CUresult r = api.ctxSynchronize()) return r;
     return api.memFree(devicePointer(devPtr));
   });
+}
+
+// Legacy IPC (the driver's, in the device's context). The runtime's handle is the driver's.
+static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(CUipcMemHandle), "one handle layout");
+
+CUDART_DOUBLE_API cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* devPtr) {
+  return inContext([&](const DriverApi& api) {
+    if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    return api.ipcGetMemHandle(reinterpret_cast<CUipcMemHandle*>(handle), devicePointer(devPtr));
+  });
+}
+
+CUDART_DOUBLE_API cudaError_t cudaIpcOpenMemHandle(void** devPtr, cudaIpcMemHandle_t handle,
+                                                   unsigned int flags) {
+  return inContext([&](const DriverApi& api) {
+    if (devPtr == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    CUipcMemHandle h;
+    std::memcpy(&h, &handle, sizeof h);
+    CUdeviceptr p = 0;
+    const CUresult r = api.ipcOpenMemHandle(&p, h, flags);
+    if (r == CUDA_SUCCESS) *devPtr = reinterpret_cast<void*>(p);
+    return r;
+  });
+}
+
+CUDART_DOUBLE_API cudaError_t cudaIpcCloseMemHandle(void* devPtr) {
+  return inContext(
+      [&](const DriverApi& api) { return api.ipcCloseMemHandle(devicePointer(devPtr)); });
 }
 
 CUDART_DOUBLE_API cudaError_t cudaMallocHost(void** ptr, size_t size) {

@@ -38,6 +38,15 @@
  *   consumption there; a descriptor the double did not make: CUDA_ERROR_INVALID_HANDLE). The
  *   real driver's error codes for the refusals and its descriptor's close-on-exec state were
  *   not checked on a GPU.
+ * - Legacy IPC: cuIpcGetMemHandle of a plain allocation's base moves its memory into a memfd at
+ *   the same address (once) and answers the same 64 bytes for every call on it (pool and VMM
+ *   memory, interior pointers: CUDA_ERROR_INVALID_VALUE). cuIpcOpenMemHandle in another process
+ *   of the user maps it (through /proc/<pid>/fd) at a new address, which counts in no device's
+ *   consumption; opened again there, the same address, counted; in the exporting process
+ *   CUDA_ERROR_INVALID_CONTEXT (cudaErrorDeviceUninitialized, as UCX reports the real driver);
+ *   bytes that are no live export: CUDA_ERROR_INVALID_HANDLE. cuIpcCloseMemHandle unmaps at the
+ *   last close. The exporter's cudaFree leaves importers' mappings as they are. Only the
+ *   in-process case's code comes from a report of the real driver; the others are unchecked.
  * - Stream capture follows cuThreadExchangeStreamCaptureMode: a thread in GLOBAL mode may not
  *   call cuMemAlloc, cuMemFree (non-null) or cuCtxSynchronize during its own non-relaxed
  *   capture or another thread's GLOBAL capture; in THREAD_LOCAL mode only its own counts; in

@@ -368,6 +368,39 @@ def case_runtime_lookups_leave_the_legacy_stream_alone(tmp):
         expect_equal(d["ordered_frees"], 20 * 7, f"{name}: ordered frees")
 
 
+IPC_IMPORTER_LINES = """{who}: buffer 0 of 4096 bytes: open cudaSuccess, exporter's bytes 1, rewritten 1
+{who}: buffer 1 of 3145728 bytes: open cudaSuccess, exporter's bytes 1, rewritten 1
+{who}: buffer 2 of 22020096 bytes: open cudaSuccess, exporter's bytes 1, rewritten 1
+{who}: opened again: cudaSuccess, same pointer 1
+{who}: close cudaSuccess
+{who}: close 0 cudaSuccess
+{who}: close 1 cudaSuccess
+{who}: close 2 cudaSuccess
+{who}: bytes that are no handle: cudaErrorInvalidResourceHandle
+"""
+IPC_EXPORTER_LINES = """{who}: exported 3 buffers; a second handle of one is the same bytes: 1
+{who}: opening its own export: cudaErrorDeviceUninitialized
+"""
+IPC_REWRITTEN_LINES = "".join(f"{{who}}: buffer {i} holds the importer's bytes: 1\n" for i in range(3))
+
+
+@case
+def case_legacy_ipc_between_processes_natively_over_the_double(tmp):
+    # The double's legacy IPC (issue 14's ground truth on CPU): a parent exports to the child it
+    # starts and a child to its parent, three buffers, one opened twice, the failing cases.
+    # Without the shim only: under it, pooled memory cannot be exported yet (issue 14).
+    wanted = {
+        "parent_to_child": (IPC_EXPORTER_LINES.format(who="parent") + IPC_IMPORTER_LINES.format(who="child")
+                            + "parent: child exited 0\n" + IPC_REWRITTEN_LINES.format(who="parent")),
+        "child_to_parent": (IPC_IMPORTER_LINES.format(who="parent") + IPC_EXPORTER_LINES.format(who="child")
+                            + IPC_REWRITTEN_LINES.format(who="child") + "parent: child exited 0\n"),
+    }
+    for mode, out in wanted.items():
+        native = run([program("ipc_share"), mode], False, tmp)
+        expect_equal(native.rc, 0, f"{mode}: exit status\n{native.describe()}")
+        expect_equal(native.out, out, f"{mode}: output")
+
+
 @case
 def case_demo_log_and_leak(tmp):
     native, shim = differential([program("demo"), "20", str(1 << 18)], tmp, {"POOLSHIM_SAMPLE_MS": "1"})
