@@ -25,11 +25,14 @@ std::string socket_dir() {
   return "/tmp/poolshim-unit-" + std::to_string(getpid()) + "-" + std::to_string(++n);
 }
 
-// A memfd holding `text`.
+// A memfd holding `text` (-1 when it cannot be made). Called on the broker's thread: no Catch
+// assertion here (Catch is not thread-safe); a missing memfd fails the reader's checks.
 int memfd_with(const std::string& text) {
   const int fd = memfd_create("ipc-broker-test", MFD_CLOEXEC);
-  REQUIRE(fd >= 0);
-  REQUIRE(write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  if (fd >= 0 && write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+    close(fd);
+    return -1;
+  }
   return fd;
 }
 
@@ -42,7 +45,10 @@ std::string contents(int fd) {
 // Export 7: two descriptors and a payload. Every other id is unknown.
 bool lookup(std::uint64_t id, IpcBroker::Reply* out) {
   if (id != 7) return false;
-  out->fds = {memfd_with("first"), memfd_with("second")};
+  const int first = memfd_with("first");
+  const int second = memfd_with("second");
+  if (first < 0 || second < 0) return false;  // the child then finds no export
+  out->fds = {first, second};
   out->payload = "export seven";
   return true;
 }
