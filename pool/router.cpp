@@ -531,7 +531,9 @@ void Router::after_stream_created() {
   // The first stream beyond the legacy one ends the rule that needs no barrier. Blocks handed
   // out under it are covered from here on by one barrier recorded now, which every blocking
   // stream's later work and every non-blocking stream listed later (after_stream_listed) waits
-  // for. No capture can be in progress yet: a capture needs a stream the application made.
+  // for. No capture can be in progress yet: a capture needs a stream the application made, or
+  // the per-thread stream, whose capture ends the rule before it is counted (shim's
+  // capture_began); only a stream the shim never saw made could be captured first.
   if (registry_ == nullptr || !registry_->mark_not_legacy_only()) return;
   if (capture_in_progress()) return;
   for (int d = 0; d < kMaxDevices; ++d) {
