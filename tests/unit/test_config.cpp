@@ -46,7 +46,7 @@ TEST_CASE("config: variables set options and record where they came from") {
   CHECK(p.config.texts[index_of("release_threshold")] == "1G");
 }
 
-TEST_CASE("config: POOLSHIM_CONF sets options; a variable wins over it") {
+TEST_CASE("config: POOLSHIM_CONF sets options, a variable wins over it") {
   const ParsedConfig p = parse_config(
       {"POOLSHIM_CONF=sample_ms=100, verbose=yes,release_threshold=10%", "POOLSHIM_SAMPLE_MS=300"});
   CHECK(p.warnings.empty());

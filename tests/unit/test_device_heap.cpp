@@ -30,7 +30,7 @@ DeviceHeap::Block take(DeviceHeap& h, std::uint64_t bytes, std::uintptr_t token,
 
 }  // namespace
 
-TEST_CASE("device heap: cudaMalloc and the legacy stream share arena 0; live threads hold others") {
+TEST_CASE("device heap: cudaMalloc and the legacy stream share arena 0, live threads hold others") {
   CHECK(DeviceHeap::arena_for(0) == 0);
   CHECK(DeviceHeap::arena_for(1) == 0);
   const int mine = DeviceHeap::arena_for(0x7f0000001000);

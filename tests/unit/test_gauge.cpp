@@ -32,7 +32,7 @@ TEST_CASE("gauge: one thread's changes give the exact current value and peak") {
 }
 
 TEST_CASE(
-    "gauge: unpublished changes of other shards bound the peak's error; a snapshot raises it to "
+    "gauge: unpublished changes of other shards bound the peak's error, a snapshot raises it to "
     "the exact current value") {
   Gauge g(100);
   GaugePart a;

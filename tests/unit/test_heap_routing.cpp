@@ -187,7 +187,7 @@ TEST_CASE("heap: a destroyed stream's blocks lose the shortcut") {
 }
 
 TEST_CASE(
-    "heap: an ordered cudaFree makes no driver call; cudaMalloc takes the block once an event "
+    "heap: an ordered cudaFree makes no driver call, cudaMalloc takes the block once an event "
     "fence behind every stream has completed") {
   Rig rig(1, 64 * MiB, ordered_config());
   auto& [d, config, events, router] = rig;
@@ -646,7 +646,7 @@ struct BesideNeighbour {
 
 TEST_CASE(
     "heap: under 64 MiB free in a live thread's arena, another thread grows its own arena "
-    "rather than lock it; once that thread has exited, its memory serves") {
+    "rather than lock it, once that thread has exited, its memory serves") {
   BesideNeighbour t(512 * MiB, 4, 0);  // 48 MiB free in its arena
   REQUIRE(t.snapshot().pool.reserved == 48 * MiB);
   void* mine = t.allocate();

@@ -7,7 +7,7 @@
 using poolshim::json_string;
 using poolshim::JsonObject;
 
-TEST_CASE("json: strings are escaped, control characters as \\u") {
+TEST_CASE("json: strings are escaped, control characters as backslash-u escapes") {
   CHECK(json_string("a\"b\\c\nd\te\x01") == "\"a\\\"b\\\\c\\nd\\te\\u0001\"");
 }
 
@@ -33,7 +33,7 @@ TEST_CASE("json: surrogates, overlong forms and code points above U+10FFFF becom
   CHECK(json_string("x\xe2\x82") == "\"x\\ufffd\\ufffd\"");          // cut short
 }
 
-TEST_CASE("json: objects keep key order; non-finite numbers are null") {
+TEST_CASE("json: objects keep key order, non-finite numbers are null") {
   JsonObject o;
   o.add("a", std::uint64_t{18446744073709551615ULL}).add("b", -3).add("c", 0.25).add("d", true);
   o.add("e", std::nan("")).add_raw("f", "[1,2]").add_null("g");

@@ -316,7 +316,7 @@ TEST_CASE("router: each device has its own pool and counters") {
 }
 
 TEST_CASE(
-    "router: a free while routing is suspended is answered by the real function on the proxy; "
+    "router: a free while routing is suspended is answered by the real function on the proxy, "
     "the block goes back to the heap behind a fence") {
   Rig rig(1, 64 * MiB);
   auto& [d, config, events, router] = rig;
