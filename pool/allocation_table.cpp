@@ -126,6 +126,20 @@ std::optional<Allocation> AllocationTable::find(std::uintptr_t ptr) const {
   return std::nullopt;
 }
 
+std::optional<Allocation> AllocationTable::add_flags(std::uintptr_t ptr, std::uint32_t flags) {
+  const std::uint64_t h = hash(ptr);
+  Shard& s = shards_[h >> 58];
+  std::lock_guard<SpinLock> guard(s.lock);
+  const std::size_t mask = s.capacity - 1;
+  for (std::size_t i = h & mask; s.slots[i].key != 0; i = (i + 1) & mask) {
+    if (s.slots[i].key == ptr) {
+      s.slots[i].value.flags |= flags;
+      return s.slots[i].value;
+    }
+  }
+  return std::nullopt;
+}
+
 void AllocationTable::drop_device(
     int device, const std::function<void(std::uintptr_t, const Allocation&)>& dropped) {
   for (auto& s : shards_) {

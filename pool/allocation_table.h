@@ -25,6 +25,7 @@ struct Allocation {
   void* block = nullptr;   // the heap's handle of the block (SegmentAllocator::Block::node)
 
   static constexpr std::uint32_t kAsync = 1;
+  static constexpr std::uint32_t kExported = 2;  // exported through legacy IPC (ipc_share.h)
 };
 
 class AllocationTable {
@@ -42,6 +43,8 @@ class AllocationTable {
   std::optional<Allocation> take(std::uintptr_t ptr);
   /// The record of `ptr` without removing it.
   std::optional<Allocation> find(std::uintptr_t ptr) const;
+  /// ORs `flags` into the record of `ptr` and returns it, or nullopt when there is none.
+  std::optional<Allocation> add_flags(std::uintptr_t ptr, std::uint32_t flags);
   /// Removes every record of `device`, calling `dropped` for each (under its shard's lock).
   void drop_device(int device,
                    const std::function<void(std::uintptr_t, const Allocation&)>& dropped);

@@ -62,6 +62,11 @@ namespace poolshim {
     "once: while the legacy stream is the only one in use with nothing more; else behind one "     \
     "event recorded on it, which every blocking stream then waits for. Non-blocking streams made " \
     "later first wait for its last such event. 0: such a block waits for a fence.")                \
+  X(ipc, Bool, "1",                                                                                \
+    "1: the paged arenas' pages are made exportable (POSIX file descriptor handle type), so that " \
+    "legacy IPC (cudaIpcGetMemHandle, cuIpcGetMemHandle) exports blocks over 1 MiB to another "    \
+    "process under poolshim, through a socket opened at the first export. 0: they are not, and "   \
+    "such an export fails as it does for smaller blocks.")                                         \
   X(oom_retry, Bool, "1",                                                                          \
     "On out-of-memory, synchronize, trim the pool's unused memory and retry once.")                \
   X(limit, Size, "0",                                                                              \

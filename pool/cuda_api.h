@@ -61,7 +61,9 @@ namespace poolshim {
   X(cuMemRelease)                      \
   X(cuMemMap)                          \
   X(cuMemUnmap)                        \
-  X(cuMemSetAccess)
+  X(cuMemSetAccess)                    \
+  X(cuMemExportToShareableHandle)      \
+  X(cuMemImportFromShareableHandle)
 
 struct DriverApi {
 #define POOLSHIM_DRIVER_POINTER(name) decltype(&::name) name = nullptr;

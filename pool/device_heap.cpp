@@ -54,6 +54,13 @@ bool DeviceHeap::any_reachable(std::uintptr_t token, Lend lend, F&& f) const {
   return false;
 }
 
+const PageMap* DeviceHeap::pages_of(CUdeviceptr p) const {
+  for (const auto& pages : pages_) {
+    if (pages != nullptr && pages->contains(p)) return pages.get();
+  }
+  return nullptr;
+}
+
 bool DeviceHeap::allocate_from_free(std::uint64_t bytes, std::uintptr_t token,
                                     std::uint64_t completed, Block* out, Lend lend) {
   const int own = arena_for(token);

@@ -88,6 +88,8 @@ class DeviceHeap {
   /// Unmaps and destroys every page of the paged arenas and gives their addresses back (the
   /// device is about to be reset or the process to end; after clear()).
   void release_pages();
+  /// The page map whose range holds `p` (a block of a paged arena), else null.
+  const PageMap* pages_of(CUdeviceptr p) const;
   /// Whether large blocks come from paged arenas.
   bool paged() const { return pages_[0] != nullptr; }
   /// Physical bytes the page maps hold, and (`peak`, when given) the sum of their peaks,

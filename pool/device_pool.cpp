@@ -107,7 +107,7 @@ std::unique_ptr<DevicePool> DevicePool::create(const DriverApi& driver, int ordi
     if (driver.cuMemGetAllocationGranularity(&granularity, &prop,
                                              CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS &&
         granularity > 0) {
-      p->pages_ = std::make_unique<DevicePoolPages>(driver, *p, ordinal);
+      p->pages_ = std::make_unique<DevicePoolPages>(driver, *p, ordinal, settings.ipc);
       p->page_ = (page + granularity - 1) / granularity * granularity;
       paging.physical = p->pages_.get();
       paging.page = p->page_;
@@ -118,6 +118,10 @@ std::unique_ptr<DevicePool> DevicePool::create(const DriverApi& driver, int ordi
   }
   p->heap_ = std::make_unique<DeviceHeap>(*p->source_, paging);
   return p;
+}
+
+bool DevicePool::pages_exportable() const {
+  return pages_ != nullptr && pages_->exportable();
 }
 
 DevicePool::DevicePool(const DriverApi& driver, int ordinal) : driver_(driver), ordinal_(ordinal) {}

@@ -30,6 +30,7 @@ struct PoolSettings {
   SizeValue cache;            // free segments the heap keeps beyond what is in use
   SizeValue page;             // the paged large arenas' page (0: large blocks from pool segments)
   bool single_device = true;  // pages are mapped for their own device only (no peer access)
+  bool ipc = true;            // pages made exportable for legacy IPC (ipc_share.h)
 };
 
 /// The pool's own figures (cudaMemPoolAttr*MemCurrent/High), with the heap's mapped pages
@@ -85,6 +86,9 @@ class DevicePool {
 
   /// The user-space allocator over the pool (segments split and merged), and the fences that
   /// make its free blocks reusable by any stream.
+  /// Whether the paged arenas' pages can be exported (PoolSettings::ipc, and the device
+  /// accepted the handle type).
+  bool pages_exportable() const;
   DeviceHeap& heap() { return *heap_; }
   const DeviceHeap& heap() const { return *heap_; }
   /// Bytes of free segments the heap keeps beyond what is in use (the `cache` option).

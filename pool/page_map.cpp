@@ -162,6 +162,19 @@ void PageMap::drop_spare() {
   spare_.clear();
 }
 
+std::size_t PageMap::handles(CUdeviceptr p, std::uint64_t n, CUmemGenericAllocationHandle* out,
+                             std::size_t max) const {
+  if (n == 0 || !contains(p) || !contains(p + n - 1)) return 0;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::size_t first = index(p), last = index(p + n - 1);
+  if (last - first + 1 > max) return 0;
+  for (std::size_t i = first; i <= last; ++i) {
+    if (handles_[i] == 0) return 0;
+    out[i - first] = handles_[i];
+  }
+  return last - first + 1;
+}
+
 PageMap::Stats PageMap::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   Stats s = stats_;

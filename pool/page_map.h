@@ -85,6 +85,12 @@ class PageMap {
   /// Destroys spare memory (what a commit did not use). Under mutex().
   void drop_spare();
 
+  /// The physical memory under [p, p + n), page by page from the page holding p, into `out`
+  /// (at most `max`); returns how many, 0 when a page is not mapped or more than `max` lie
+  /// under it. Takes mutex() (IPC exports, ipc_share.h).
+  std::size_t handles(CUdeviceptr p, std::uint64_t n, CUmemGenericAllocationHandle* out,
+                      std::size_t max) const;
+
   std::uint64_t mapped_bytes() const { return mapped_.load(std::memory_order_relaxed); }
   /// Physical bytes held (mapped, claimed, or spare until drop_spare()): what the device
   /// counts as used, lock-free, so that cudaMemGetInfo never waits for a trim.

@@ -34,8 +34,9 @@ void DevicePoolSegments::release(CUdeviceptr base, std::uint64_t) {
   driver_.cuMemFreeAsync(base, pool_.stream());
 }
 
-DevicePoolPages::DevicePoolPages(const DriverApi& driver, DevicePool& pool, int ordinal)
-    : driver_(driver), pool_(pool) {
+DevicePoolPages::DevicePoolPages(const DriverApi& driver, DevicePool& pool, int ordinal,
+                                 bool exportable)
+    : driver_(driver), pool_(pool), exportable_(exportable) {
   prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop_.location.id = ordinal;
@@ -58,7 +59,17 @@ CUresult DevicePoolPages::create(std::uint64_t bytes, CUmemGenericAllocationHand
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   ScopedContext ctx(driver_, pool_.context());
-  const CUresult r = driver_.cuMemCreate(out, bytes, &prop_, 0);
+  CUmemAllocationProp prop = prop_;
+  CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+  if (exportable()) {
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    r = driver_.cuMemCreate(out, bytes, &prop, 0);
+    // A device or driver without that handle type: pages that cannot travel, from now on.
+    if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE) {
+      exportable_.store(false, std::memory_order_relaxed);
+    }
+  }
+  if (!exportable()) r = driver_.cuMemCreate(out, bytes, &prop_, 0);
   if (r == CUDA_SUCCESS) held_.fetch_add(bytes, std::memory_order_relaxed);
   return r;
 }

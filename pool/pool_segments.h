@@ -38,10 +38,12 @@ class DevicePoolSegments final : public SegmentSource {
 
 /// The pages of a device's paged large arenas (page_map.h): physical memory from cuMemCreate,
 /// mapped with cuMemMap and cuMemSetAccess in ranges from cuMemAddressReserve. The pool's cap
-/// covers the pages and the pool's own memory together.
+/// covers the pages and the pool's own memory together. `exportable`: pages are made with the
+/// POSIX descriptor handle type, so that legacy IPC can export blocks over them (ipc_share.h);
+/// where the device refuses that type, without it (exportable() then turns false).
 class DevicePoolPages final : public PhysicalMemory {
  public:
-  DevicePoolPages(const DriverApi& driver, DevicePool& pool, int ordinal);
+  DevicePoolPages(const DriverApi& driver, DevicePool& pool, int ordinal, bool exportable);
   CUresult reserve(std::uint64_t bytes, CUdeviceptr* out) override;
   void unreserve(CUdeviceptr base, std::uint64_t bytes) override;
   CUresult create(std::uint64_t bytes, CUmemGenericAllocationHandle* out) override;
@@ -50,6 +52,7 @@ class DevicePoolPages final : public PhysicalMemory {
   void unmap(CUdeviceptr va, std::uint64_t bytes) override;
   /// Physical bytes made and not yet destroyed.
   std::uint64_t held() const { return held_.load(std::memory_order_relaxed); }
+  bool exportable() const { return exportable_.load(std::memory_order_relaxed); }
 
  private:
   const DriverApi& driver_;
@@ -57,6 +60,7 @@ class DevicePoolPages final : public PhysicalMemory {
   CUmemAllocationProp prop_{};
   CUmemAccessDesc access_{};
   std::atomic<std::uint64_t> held_{0};
+  std::atomic<bool> exportable_{false};
 };
 
 }  // namespace poolshim

@@ -1,5 +1,7 @@
 #include "router.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <thread>
 
@@ -36,11 +38,13 @@ Router::Router(const DriverApi& driver, const Config& config, EventQueue& events
   settings_.reuse_internal_deps = config.reuse_internal_deps;
   settings_.cache = config.cache;
   settings_.page = config.page;
+  settings_.ipc = config.ipc;
   const FreeMode mode = resolve_free_mode(config.free, loaded_libraries());
   ordered_mode_ = mode.ordered;
   free_mode_why_ = mode.why;
   if (driver_.cuDeviceGetCount(&device_count_) != CUDA_SUCCESS) device_count_ = 0;
   settings_.single_device = device_count_ == 1;
+  ipc_ = std::make_unique<IpcShare>(driver_);
 }
 
 Router::~Router() = default;
@@ -361,7 +365,7 @@ RealResult Router::free_on_proxy(std::uintptr_t ptr, const Allocation& a, Fallba
 
 void Router::free_sync(void* ptr, int caller_device, Fallback real) {
   const auto key = reinterpret_cast<std::uintptr_t>(ptr);
-  const std::optional<Allocation> a = table_.take(key);
+  const std::optional<Allocation> a = take_live(key);
   if (!a) {
     // Not handed out (or freed already): the real function answers natively.
     if (valid_device(caller_device)) stats(caller_device).bump(&CounterShard::passthrough_frees);
@@ -654,7 +658,7 @@ void Router::release_stream_event(const StreamRegistry::Entry& entry) {
 
 void Router::free_async(void* ptr, CUstream stream, Fallback real) {
   const auto key = reinterpret_cast<std::uintptr_t>(ptr);
-  const std::optional<Allocation> a = table_.take(key);
+  const std::optional<Allocation> a = take_live(key);
   if (!a) {
     const int device = current_device();
     if (valid_device(device)) stats(device).bump(&CounterShard::passthrough_frees);
@@ -728,7 +732,7 @@ void Router::free_unrouted(void* ptr, int caller_device, Fallback real, bool asy
   const auto key = reinterpret_cast<std::uintptr_t>(ptr);
   // Taken before the real call, so that the address cannot be handed out again (and recorded
   // twice) while the real function answers; put back if it did not free.
-  const std::optional<Allocation> a = table_.take(key);
+  const std::optional<Allocation> a = take_live(key);
   const int device = a ? a->device : caller_device;
   if (valid_device(device)) stats(device).bump(&CounterShard::passthrough_frees);
   if (!a) {
@@ -806,9 +810,55 @@ void Router::note_ipc_failure(const void* ptr) {
   if (!table_.find(reinterpret_cast<std::uintptr_t>(ptr))) return;
   warn_once(warned_ipc_,
             "a legacy IPC export (cudaIpcGetMemHandle/cuIpcGetMemHandle) failed for memory "
-            "poolshim allocated from a cudaMemPool: legacy IPC cannot export pool memory. Run "
-            "this program with POOLSHIM_ENABLE=0 until IPC-exported allocations can be kept "
-            "out of the pool");
+            "poolshim allocated: only blocks over 1 MiB of a paged arena (page > 0, one device, "
+            "ipc=1) can be exported. Run this program with POOLSHIM_ENABLE=0 if it exports "
+            "smaller blocks");
+}
+
+std::optional<Allocation> Router::take_live(std::uintptr_t key) {
+  std::optional<Allocation> a = table_.take(key);
+  if (a && (a->flags & Allocation::kExported) != 0) ipc_->forget(key);
+  return a;
+}
+
+bool Router::ipc_export(CUdeviceptr ptr, void* handle) {
+  const std::optional<Allocation> a = table_.find(ptr);
+  DevicePool* pool = a ? existing_pool(a->device) : nullptr;
+  if (pool == nullptr || !pool->pages_exportable()) return false;
+  const PageMap* pages = pool->heap().pages_of(ptr);
+  if (pages == nullptr) return false;
+  std::string why;
+  if (!ipc_->export_block(IpcShare::Block{ptr, a->requested, pool->context(), pages}, handle,
+                          &why)) {
+    warn_once(warned_ipc_broker_, "legacy IPC of pooled memory is off: " + why);
+    return false;
+  }
+  // Freed meanwhile by another thread: its export goes with it.
+  if (!table_.add_flags(ptr, Allocation::kExported)) ipc_->forget(ptr);
+  warn_once(warned_ipc_export_,
+            "pooled memory was exported through legacy IPC: its handle opens only in a process "
+            "that also runs under poolshim (LD_PRELOAD, which children inherit), through the "
+            "socket " +
+                ipc_->broker().socket_path(getpid()) +
+                " (this user only); elsewhere cudaIpcOpenMemHandle fails with its native error "
+                "for a handle that is not the driver's");
+  return true;
+}
+
+CUresult Router::ipc_open(const void* handle, CUdeviceptr* out) {
+  return ipc_->open(handle, out);
+}
+
+bool Router::ipc_close(CUdeviceptr ptr, CUresult* result) {
+  return ipc_->close(ptr, result);
+}
+
+void Router::ipc_forget_in_child() {
+  ipc_->forget_in_child();
+}
+
+void Router::ipc_stop() {
+  ipc_->stop();
 }
 
 std::uint32_t Router::capture_site() {
@@ -873,8 +923,10 @@ void Router::before_device_reset(int device) {
   DeviceStats& s = stats(device);
   // The reset destroys the device's streams and events too: forget them without touching them.
   if (registry_ != nullptr) registry_->drop_device(device);
-  table_.drop_device(device,
-                     [&s](std::uintptr_t, const Allocation& a) { s.on_dropped(a.requested); });
+  table_.drop_device(device, [this, &s](std::uintptr_t ptr, const Allocation& a) {
+    if ((a.flags & Allocation::kExported) != 0) ipc_->forget(ptr);
+    s.on_dropped(a.requested);
+  });
 }
 
 std::vector<int> Router::active_devices() const {

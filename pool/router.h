@@ -22,6 +22,7 @@
 #include "device_pool.h"
 #include "events.h"
 #include "function_ref.h"
+#include "ipc_share.h"
 #include "peer_access.h"
 #include "stats.h"
 #include "stream_registry.h"
@@ -138,6 +139,19 @@ class Router {
   std::uint64_t cap(int device) const;
   /// A legacy IPC export failed: if `ptr` is pooled, say why (once).
   void note_ipc_failure(const void* ptr);
+  /// Legacy IPC of pooled memory (ipc_share.h). Writes the 64-byte handle of the pooled block
+  /// at `ptr` and returns true; false when `ptr` is no block of a paged arena with exportable
+  /// pages or the broker cannot start (the real function answers then, natively).
+  bool ipc_export(CUdeviceptr ptr, void* handle);
+  /// Opens a handle of ours (IpcShare::ours) in the current context.
+  CUresult ipc_open(const void* handle, CUdeviceptr* out);
+  /// Closes an address ipc_open gave (true, with `result`); false for any other address.
+  bool ipc_close(CUdeviceptr ptr, CUresult* result);
+  /// In a forked child: closes the parent's IPC socket (IpcShare::forget_in_child).
+  void ipc_forget_in_child();
+  /// At exit: stops the IPC broker, removing its socket (IpcShare::stop).
+  void ipc_stop();
+  const IpcShare& ipc() const { return *ipc_; }
   /// Before a registered non-blocking stream is destroyed, while it is still listed (see
   /// StreamRegistry::remove): blocks freed or fenced later must still wait for the work it
   /// holds, so the free stream waits for it now.
@@ -298,6 +312,10 @@ class Router {
 
   mutable std::mutex create_mutex_;  // pool creation and reset only: never on the hot path
   std::vector<std::unique_ptr<DevicePool>> pools_owned_;  // includes retired ones (see reset)
+  std::unique_ptr<IpcShare> ipc_;  // after the pools: its exports point into their page maps
+
+  /// table_.take, forgetting the block's IPC export when it has one.
+  std::optional<Allocation> take_live(std::uintptr_t key);
 
   std::atomic<bool> warned_foreign_context_{false};
   std::atomic<bool> warned_pool_failure_{false};
@@ -305,6 +323,8 @@ class Router {
   std::atomic<bool> warned_fallback_{false};
   mutable std::atomic<bool> warned_ordered_fallback_{false};
   std::atomic<bool> warned_ipc_{false};
+  std::atomic<bool> warned_ipc_export_{false};
+  std::atomic<bool> warned_ipc_broker_{false};
   std::atomic<bool> warned_peer_{false};
 };
 

@@ -145,3 +145,26 @@ TEST_CASE("pages: release unmaps and destroys every page and gives the addresses
   REQUIRE(pages.reserve() == CUDA_SUCCESS);
   CHECK(physical.reserved.size() == 2);
 }
+
+TEST_CASE("pages: handles lists the memory under a range page by page, none when one is unmapped") {
+  CountingPhysical physical;
+  PageMap pages(physical, kPage, 64 * MiB);
+  REQUIRE(pages.reserve() == CUDA_SUCCESS);
+  const CUdeviceptr base = pages.base();
+  {
+    std::lock_guard<std::mutex> lock(pages.mutex());
+    REQUIRE(pages.commit(base, 24 * MiB) == CUDA_SUCCESS);  // pages 0-2, handles 1-3
+  }
+  CUmemGenericAllocationHandle out[4] = {};
+  // [7, 17) MiB lies on pages 0, 1 and 2.
+  REQUIRE(pages.handles(base + 7 * MiB, 10 * MiB, out, 4) == 3);
+  CHECK(out[0] == 1);
+  CHECK(out[1] == 2);
+  CHECK(out[2] == 3);
+  CHECK(pages.handles(base + 8 * MiB, 8 * MiB, out, 4) == 1);  // page 1 alone
+  CHECK(out[0] == 2);
+  CHECK(pages.handles(base + 7 * MiB, 10 * MiB, out, 2) == 0);  // more pages than room
+  CHECK(pages.handles(base + 16 * MiB, 9 * MiB, out, 4) == 0);  // page 3 is not mapped
+  CHECK(pages.handles(base + 60 * MiB, 8 * MiB, out, 4) == 0);  // past the range
+  CHECK(pages.handles(base, 0, out, 4) == 0);
+}

@@ -107,3 +107,17 @@ TEST_CASE("table: concurrent inserts and takes from 8 threads lose nothing") {
   CHECK(taken.load() == 8 * 10000);
   CHECK(t.size() == 8 * 10000);
 }
+
+TEST_CASE("table: add_flags marks a live record and leaves absent pointers absent") {
+  AllocationTable t;
+  Allocation a = make(100, 0);
+  a.flags = Allocation::kAsync;
+  t.insert(0x3000, a);
+  const auto marked = t.add_flags(0x3000, Allocation::kExported);
+  REQUIRE(marked);
+  CHECK(marked->flags == (Allocation::kAsync | Allocation::kExported));
+  CHECK(t.find(0x3000)->flags == (Allocation::kAsync | Allocation::kExported));
+  CHECK_FALSE(t.add_flags(0x4000, Allocation::kExported));
+  CHECK(t.size() == 1);
+  CHECK(t.take(0x3000)->flags == (Allocation::kAsync | Allocation::kExported));
+}
