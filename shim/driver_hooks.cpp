@@ -27,9 +27,11 @@
 #undef cuStreamDestroy
 #undef cuDevicePrimaryCtxReset
 #undef cuGetProcAddress
+#undef cuIpcOpenMemHandle
 
 extern "C" {
 CUresult cuStreamDestroy(CUstream hStream);
+CUresult cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int Flags);
 CUresult cuDevicePrimaryCtxReset(CUdevice dev);
 CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
 CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice dev);
@@ -84,6 +86,9 @@ namespace {
   X(cuGreenCtxCreate, decltype(::cuGreenCtxCreate))                            \
   X(cuCtxEnablePeerAccess, decltype(::cuCtxEnablePeerAccess))                  \
   X(cuIpcGetMemHandle, decltype(::cuIpcGetMemHandle))                          \
+  X(cuIpcOpenMemHandle, decltype(::cuIpcOpenMemHandle_v2))                     \
+  X(cuIpcOpenMemHandle_v2, decltype(::cuIpcOpenMemHandle_v2))                  \
+  X(cuIpcCloseMemHandle, decltype(::cuIpcCloseMemHandle))                      \
   X(cuGetProcAddress, decltype(::cuGetProcAddress))                            \
   X(cuGetProcAddress_v2, decltype(::cuGetProcAddress_v2))
 
@@ -581,14 +586,54 @@ POOLSHIM_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned i
   return r;
 }
 
-// Legacy IPC cannot export memory of a cudaMemPool: say so, naming the way out.
+// Legacy IPC (DESIGN §10): a pooled block of a paged arena is exported as poolshim's own
+// handle (ipc_share.h); anything else, and every failure, goes to the real function. The
+// runtime's cudaIpc* functions reach these hooks through cuGetProcAddress, shared or static.
 POOLSHIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
   HookScope scope;
-  const CUresult r = real::cuIpcGetMemHandle()(pHandle, dptr);
   Router* router = scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
+  if (router != nullptr && pHandle != nullptr && router->ipc_export(dptr, pHandle->reserved)) {
+    return CUDA_SUCCESS;
+  }
+  const CUresult r = real::cuIpcGetMemHandle()(pHandle, dptr);
   if (r != CUDA_SUCCESS && router != nullptr)
     router->note_ipc_failure(reinterpret_cast<void*>(dptr));
   return r;
+}
+
+namespace {
+
+template <typename Real>
+CUresult open_ipc(Real real_fn, CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int flags) {
+  HookScope scope;
+  Router* router =
+      scope.outermost() && poolshim::IpcShare::ours(handle.reserved) ? router_for_call() : nullptr;
+  if (router == nullptr || pdptr == nullptr ||
+      (flags & ~static_cast<unsigned int>(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)) != 0) {
+    return real_fn(pdptr, handle, flags);
+  }
+  poolshim::shim::paths().driver_calls.add();
+  return router->ipc_open(handle.reserved, pdptr);
+}
+
+}  // namespace
+
+POOLSHIM_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr* pdptr, CUipcMemHandle handle,
+                                            unsigned int Flags) {
+  return open_ipc(real::cuIpcOpenMemHandle(), pdptr, handle, Flags);
+}
+
+POOLSHIM_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr, CUipcMemHandle handle,
+                                               unsigned int Flags) {
+  return open_ipc(real::cuIpcOpenMemHandle_v2(), pdptr, handle, Flags);
+}
+
+POOLSHIM_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  HookScope scope;
+  Router* router = scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
+  CUresult result = CUDA_SUCCESS;
+  if (router != nullptr && router->ipc_close(dptr, &result)) return result;
+  return real::cuIpcCloseMemHandle()(dptr);
 }
 
 // The runtime finds the driver's entry points through cuGetProcAddress (it even looks the

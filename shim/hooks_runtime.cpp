@@ -275,12 +275,3 @@ POOLSHIM_EXPORT cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned 
   }
   return result;
 }
-
-// Legacy IPC cannot export memory of a cudaMemPool: say so, naming the way out.
-POOLSHIM_EXPORT cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* handle, void* devPtr) {
-  HookScope scope;
-  const cudaError_t result = real::cudaIpcGetMemHandle()(handle, devPtr);
-  Router* router = scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
-  if (result != cudaSuccess && router != nullptr) router->note_ipc_failure(devPtr);
-  return result;
-}

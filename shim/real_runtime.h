@@ -35,8 +35,7 @@ namespace poolshim::real {
   X(cudaStreamBeginCaptureToGraph_ptsz, cudaStreamBeginCaptureToGraph) \
   X(cudaStreamEndCapture, cudaStreamEndCapture)                        \
   X(cudaStreamEndCapture_ptsz, cudaStreamEndCapture)                   \
-  X(cudaDeviceEnablePeerAccess, cudaDeviceEnablePeerAccess)            \
-  X(cudaIpcGetMemHandle, cudaIpcGetMemHandle)
+  X(cudaDeviceEnablePeerAccess, cudaDeviceEnablePeerAccess)
 
 enum class Function : int {
 #define POOLSHIM_RUNTIME_ENUM(name, type_of) name,

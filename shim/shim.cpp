@@ -233,6 +233,7 @@ void on_exit() {
       print_stderr(line);
     }
     s.worker->finish(std::move(extras));
+    s.router->ipc_stop();  // the socket never outlives the process
   }
 }
 
@@ -259,6 +260,8 @@ void on_fork_child() {
   if (s.phase.load(std::memory_order_relaxed) == kRunning && s.worker != nullptr) {
     s.worker->resume_after_fork();  // this thread locked it in before_fork
   }
+  // The parent's IPC socket is not the child's to serve (and not inherited across exec).
+  if (s.phase.load(std::memory_order_relaxed) == kRunning) s.router->ipc_forget_in_child();
   if (s.phase.load(std::memory_order_relaxed) != kIdle) {
     s.forked_child_passthrough.store(true, std::memory_order_relaxed);
   }

@@ -368,37 +368,62 @@ def case_runtime_lookups_leave_the_legacy_stream_alone(tmp):
         expect_equal(d["ordered_frees"], 20 * 7, f"{name}: ordered frees")
 
 
-IPC_IMPORTER_LINES = """{who}: buffer 0 of 4096 bytes: open cudaSuccess, exporter's bytes 1, rewritten 1
-{who}: buffer 1 of 3145728 bytes: open cudaSuccess, exporter's bytes 1, rewritten 1
-{who}: buffer 2 of 22020096 bytes: open cudaSuccess, exporter's bytes 1, rewritten 1
+IPC_IMPORTER_LINES = """{who}: buffer 0 of 3145728 bytes: open cudaSuccess, exporter's bytes 1, rewritten 1
+{who}: buffer 1 of 22020096 bytes: open cudaSuccess, exporter's bytes 1, rewritten 1
+{who}: buffer 2 of 45088768 bytes: open cudaSuccess, exporter's bytes 1, rewritten 1
 {who}: opened again: cudaSuccess, same pointer 1
 {who}: close cudaSuccess
 {who}: close 0 cudaSuccess
 {who}: close 1 cudaSuccess
 {who}: close 2 cudaSuccess
+{who}: reopened after its close: cudaSuccess, its own bytes 1
+{who}: close cudaSuccess
 {who}: bytes that are no handle: cudaErrorInvalidResourceHandle
 """
 IPC_EXPORTER_LINES = """{who}: exported 3 buffers; a second handle of one is the same bytes: 1
 {who}: opening its own export: cudaErrorDeviceUninitialized
 """
 IPC_REWRITTEN_LINES = "".join(f"{{who}}: buffer {i} holds the importer's bytes: 1\n" for i in range(3))
+IPC_EXPORT_WARNING = "pooled memory was exported through legacy IPC"
 
 
 @case
-def case_legacy_ipc_between_processes_natively_over_the_double(tmp):
-    # The double's legacy IPC (issue 14's ground truth on CPU): a parent exports to the child it
-    # starts and a child to its parent, three buffers, one opened twice, the failing cases.
-    # Without the shim only: under it, pooled memory cannot be exported yet (issue 14).
+def case_legacy_ipc_between_processes_matches_native(tmp):
+    # Issue 14 over the double: a parent exports to the child it starts and a child to its
+    # parent, three buffers (3, 21 and 43 MiB: each a block of the paged arena), one opened
+    # twice, closed and reopened, bytes that are no handle, the exporter opening its own export,
+    # and (child_to_parent) a handle of a child that has exited. Native and under the shim, the
+    # same output: under the shim the handles are poolshim's and travel through its socket.
     wanted = {
         "parent_to_child": (IPC_EXPORTER_LINES.format(who="parent") + IPC_IMPORTER_LINES.format(who="child")
                             + "parent: child exited 0\n" + IPC_REWRITTEN_LINES.format(who="parent")),
         "child_to_parent": (IPC_IMPORTER_LINES.format(who="parent") + IPC_EXPORTER_LINES.format(who="child")
-                            + IPC_REWRITTEN_LINES.format(who="child") + "parent: child exited 0\n"),
+                            + IPC_REWRITTEN_LINES.format(who="child") + "parent: child exited 0\n"
+                            + "parent: a handle of the exited child: cudaErrorInvalidResourceHandle\n"),
     }
     for mode, out in wanted.items():
-        native = run([program("ipc_share"), mode], False, tmp)
+        for p in logs(tmp):
+            os.remove(p)
+        native, shim = differential([program("ipc_share"), mode], tmp, without_leak_check())
         expect_equal(native.rc, 0, f"{mode}: exit status\n{native.describe()}")
         expect_equal(native.out, out, f"{mode}: output")
+        expect_equal(shim.err.count(IPC_EXPORT_WARNING), 1, f"{mode}: the exporter's one warning\n{shim.err}")
+        # The socket never outlives its process.
+        for p in logs(tmp):
+            pid = int(os.path.basename(p)[len("log-"):-len(".jsonl")])
+            expect(not os.path.exists(f"/tmp/poolshim-{os.getuid()}/ipc-{pid}"), f"{mode}: socket of {pid} left")
+
+
+@case
+def case_legacy_ipc_of_a_small_block_fails_with_a_warning(tmp):
+    # A block of 1 MiB or less lives in a shared small-block segment that cannot be exported
+    # alone: the driver's own error comes back (the pool's memory is no cuMemAlloc memory), and
+    # the log's warning says which blocks can be.
+    native = run([program("ipc_share"), "export_small"], False, tmp)
+    shim = run([program("ipc_share"), "export_small"], True, tmp)
+    expect_equal((native.rc, native.out), (0, "export of 4096 bytes: cudaSuccess\n"), "native")
+    expect_equal((shim.rc, shim.out), (1, "export of 4096 bytes: cudaErrorInvalidValue\n"), "under the shim")
+    expect("only blocks over 1 MiB of a paged arena" in shim.err, f"the warning\n{shim.err}")
 
 
 @case
