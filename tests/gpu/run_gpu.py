@@ -45,6 +45,7 @@ PROGRAMS = {  # name -> (source, extra nvcc flags); each built with the shared a
     "kernels_diff_ptds": ("tests/gpu/kernels_diff.cu", ["--default-stream", "per-thread", "-lcuda"]),
     "churn_ptds": ("tests/programs/churn.cpp", ["-DCUDA_API_PER_THREAD_DEFAULT_STREAM=1"]),
     "host_edges": ("tests/programs/host_edges.cpp", ["-ldl"]),
+    "ipc_kernels": ("tests/gpu/ipc_kernels.cu", []),
 }
 # Built with g++ -fsanitize=thread against the real runtime (issue 12: ThreadSanitizer looks up
 # its functions through dlsym while it starts, and crashed there with the shim preloaded).
@@ -456,6 +457,51 @@ class Suite:
             expect_equal((result.rc, result.out), (0, "dlclose -> 0\nafter dlclose\n"), result.describe())
         self.case("dlclose of a dlopen'ed shim returns [shared]", dlclose)
 
+    def run_ipc_cases(self):
+        """Issue 14 on the real driver: legacy IPC of pooled memory between a parent and its
+        child, both ways, with kernels writing and reading the shared buffers, shared and static
+        builds, with and without the shim; and torch.multiprocessing with the caching
+        allocator on."""
+        warning = "pooled memory was exported through legacy IPC"
+        for runtime in RUNTIMES:
+            def self_check(runtime=runtime):
+                native, shim, logs = self.differential(f"ipc-self-check-{runtime}",
+                                                       [self.binary("ipc_kernels", runtime), "self_check"])
+                expect_equal((shim.rc, shim.out), (0, "self-check: holds its bytes 1, holds other bytes 0, "
+                                                      "after one byte changed 0\n"), shim.describe())
+            self.case(f"legacy IPC: the kernels' byte checker fails where it must [{runtime}]", self_check)
+            for mode in ("parent_to_child", "child_to_parent"):
+                def share(runtime=runtime, mode=mode):
+                    native, shim, logs = self.differential(f"ipc-{mode}-{runtime}",
+                                                           [self.binary("ipc_kernels", runtime), mode])
+                    expect_equal(native.rc, 0, f"native exit status\n{native.describe()}")
+                    expect_equal(shim.err.count(warning), 1, f"poolshim's export\n{shim.err}")
+                    expect_equal(shim.out.count("rewritten 1"), 3, shim.out)
+                    expect_equal(shim.out.count("holds the importer's bytes: 1"), 3, shim.out)
+                    return " | ".join(line for line in shim.out.splitlines()
+                                      if "own" in line or "no handle" in line or "exited child" in line)
+                self.case(f"legacy IPC of pooled memory, {mode.replace('_', ' ')}, kernels [{runtime}]", share)
+
+            def small(runtime=runtime):
+                args = [self.binary("ipc_kernels", runtime), "export_small"]
+                native = run_process(args, self.env(), 120)
+                shim = run_process(args, with_shim(self.env(), self.library,
+                                                   os.path.join(self.logdir(f"ipc-small-{runtime}"), "log-%p.jsonl")), 120)
+                expect_equal((native.rc, native.out), (0, "export of 4096 bytes: cudaSuccess\n"), native.describe())
+                expect_equal(shim.rc, 1, shim.describe())
+                expect("only blocks over 1 MiB" in shim.err, shim.err)
+                return shim.out.strip()
+            self.case(f"legacy IPC of a 4096-byte pooled block fails with the log's warning [{runtime}]", small)
+
+        def torch_ipc():
+            native, shim, logs = self.differential("ipc-torch", [sys.executable, os.path.join(HERE, "torch_ipc.py")],
+                                                   timeout=300)
+            expect_equal(shim.rc, 0, shim.describe())
+            expect_equal(shim.err.count(warning), 1, f"poolshim's export\n{shim.err[-3000:]}")
+            pooled = sum(exit_record(l)["pooled_allocs"] for l in logs)
+            return f"{shim.out.strip()}; {pooled} allocations pooled in {len(logs)} processes"
+        self.case("torch.multiprocessing shares CUDA tensors (caching allocator on) under the shim", torch_ipc)
+
     # ---- measurements -----------------------------------------------------------------
     def churn_rate(self, args, shim, repeats=3, mode="sync"):
         rates = []
@@ -534,6 +580,7 @@ def main():
     parser.add_argument("--skip-bench", action="store_true")
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--jax", action="store_true", help="also run JAX (about 45 s)")
+    parser.add_argument("--only-ipc", action="store_true", help="only the legacy IPC cases (issue 14)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     suite = Suite(os.path.realpath(args.build), os.path.realpath(args.out))
@@ -543,10 +590,12 @@ def main():
     suite.results["gpu"] = gpu
     print(f"GPU: {gpu}")
     suite.compile_all()
-    suite.run_differential_cases()
-    if not args.skip_bench:
+    if not args.only_ipc:
+        suite.run_differential_cases()
+    suite.run_ipc_cases()
+    if not args.skip_bench and not args.only_ipc:
         suite.case("measure: churn, cudaMalloc/cudaFree with and without the shim", suite.bench_churn)
-    if not args.skip_torch:
+    if not args.skip_torch and not args.only_ipc:
         suite.case("measure: PyTorch uncached with and without the shim", suite.bench_torch)
     with open(os.path.join(args.out, "gpu-results.json"), "w") as f:
         json.dump(suite.results, f, indent=1)

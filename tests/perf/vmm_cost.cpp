@@ -1,6 +1,8 @@
 // Times the driver's virtual memory calls on one GPU: cuMemCreate, cuMemMap, cuMemSetAccess,
 // cuMemUnmap and cuMemRelease of one mapping, in turn, medians of 40 rounds for each of several
-// sizes, and ten 2 MiB mappings under one set-access. What the heap's paged arenas pay per
+// sizes, plain and exportable (POSIX descriptor handle type, POOLSHIM_IPC=1, issue 14) in
+// interleaved turns, with the device memory 50 pages of 20 MiB of each kind take; and ten
+// 2 MiB mappings under one set-access. What the heap's paged arenas pay per
 // mapping (DESIGN §7; docs/measurements/2026-12-04-h200-vmm-call-costs.txt). Not built by CMake
 // (it needs a GPU); on the GPU machine:
 //
@@ -43,38 +45,59 @@ int main() {
   CUdeviceptr va;
   const size_t span = 1ULL << 34;
   CK(cuMemAddressReserve(&va, span, 0, 0, 0));
+  CUmemAllocationProp exportable = prop;
+  exportable.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  const CUmemAllocationProp* kinds[2] = {&prop, &exportable};
+  const char* names[2] = {"plain", "exportable"};
   for (size_t mib : {2, 4, 8, 20, 40}) {
     const size_t bytes = mib << 20;
     const int n = 40;
-    std::vector<double> c, m, a, u, r;
+    std::vector<double> c[2], m[2], a[2], u[2], r[2];
     for (int i = 0; i < n; ++i) {
-      CUmemGenericAllocationHandle h;
-      CUdeviceptr at = va + (size_t)i * (64ULL << 20);
-      double t0 = now_us();
-      CK(cuMemCreate(&h, bytes, &prop, 0));
-      double t1 = now_us();
-      CK(cuMemMap(at, bytes, 0, h, 0));
-      double t2 = now_us();
-      CK(cuMemSetAccess(at, bytes, &acc, 1));
-      double t3 = now_us();
-      CK(cuMemUnmap(at, bytes));
-      double t4 = now_us();
-      CK(cuMemRelease(h));
-      double t5 = now_us();
-      c.push_back(t1 - t0);
-      m.push_back(t2 - t1);
-      a.push_back(t3 - t2);
-      u.push_back(t4 - t3);
-      r.push_back(t5 - t4);
+      for (int turn = 0; turn < 2; ++turn) {
+        const int k = (i + turn) % 2;  // which kind goes first alternates
+        CUmemGenericAllocationHandle h;
+        CUdeviceptr at = va + (size_t)i * (64ULL << 20);
+        double t0 = now_us();
+        CK(cuMemCreate(&h, bytes, kinds[k], 0));
+        double t1 = now_us();
+        CK(cuMemMap(at, bytes, 0, h, 0));
+        double t2 = now_us();
+        CK(cuMemSetAccess(at, bytes, &acc, 1));
+        double t3 = now_us();
+        CK(cuMemUnmap(at, bytes));
+        double t4 = now_us();
+        CK(cuMemRelease(h));
+        double t5 = now_us();
+        c[k].push_back(t1 - t0);
+        m[k].push_back(t2 - t1);
+        a[k].push_back(t3 - t2);
+        u[k].push_back(t4 - t3);
+        r[k].push_back(t5 - t4);
+      }
     }
     auto med = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    std::printf(
-        "mapping %3zu MiB: create %.1f us, map %.1f, set_access %.1f, unmap %.1f, release %.1f; "
-        "total %.1f us\n",
-        mib, med(c), med(m), med(a), med(u), med(r), med(c) + med(m) + med(a) + med(u) + med(r));
+    for (int k = 0; k < 2; ++k) {
+      std::printf(
+          "mapping %3zu MiB %-10s: create %.1f us, map %.1f, set_access %.1f, unmap %.1f, "
+          "release %.1f; total %.1f us\n",
+          mib, names[k], med(c[k]), med(m[k]), med(a[k]), med(u[k]), med(r[k]),
+          med(c[k]) + med(m[k]) + med(a[k]) + med(u[k]) + med(r[k]));
+    }
+  }
+  // Device memory of 50 pages of 20 MiB of each kind (as cuMemGetInfo sees it).
+  for (int k = 0; k < 2; ++k) {
+    size_t free0 = 0, free1 = 0, total = 0;
+    std::vector<CUmemGenericAllocationHandle> hs(50);
+    CK(cuMemGetInfo(&free0, &total));
+    for (auto& h : hs) CK(cuMemCreate(&h, 20 << 20, kinds[k], 0));
+    CK(cuMemGetInfo(&free1, &total));
+    for (auto h : hs) CK(cuMemRelease(h));
+    std::printf("50 pages of 20 MiB %-10s: %.1f MiB of device memory\n", names[k],
+                (double)(free0 - free1) / (1 << 20));
   }
   // Ten 2 MiB mappings, one set-access over all of them.
   {

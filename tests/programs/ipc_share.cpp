@@ -8,6 +8,7 @@
 // the importer reopens a handle after closing it, and the parent opens a handle of its child
 // after the child has exited.
 //   ipc_share export_small      exports a 4096-byte block (exit status 0 when it could)
+//   ipc_share self_check        the byte checker fails where it must
 // The exit status is 0 when every check passed.
 #include <cuda_runtime_api.h>
 #include <sys/wait.h>
@@ -45,6 +46,11 @@ bool unhex(const std::string& text, cudaIpcMemHandle_t* h) {
   return true;
 }
 
+#ifdef IPC_SHARE_KERNELS
+// Kernels write and read the buffers (tests/gpu/ipc_kernels.cu, which includes this file).
+bool fill(void* p, int i, unsigned char value);
+bool holds(const void* p, int i, unsigned char value);
+#else
 // Fills buffer `i` with `value` in every byte.
 bool fill(void* p, int i, unsigned char value) {
   return cudaMemset(p, value, kSizes[i]) == cudaSuccess;
@@ -59,6 +65,7 @@ bool holds(const void* p, int i, unsigned char value) {
   }
   return true;
 }
+#endif
 
 // The exporting side: three buffers filled with 0x11, 0x22, 0x33, their handles; what it saw
 // goes to `report` (the child prints it after the handles, which its parent reads first).
@@ -275,6 +282,22 @@ int export_child() {
   return check_rewrites(buffers, "child") ? 0 : 7;
 }
 
+// The detector's own check: a buffer filled with one value holds it and no other, and a
+// buffer one byte of which changed holds neither.
+int self_check() {
+  void* p = nullptr;
+  if (cudaMalloc(&p, kSizes[1]) != cudaSuccess || !fill(p, 1, 0x22)) return 2;
+  const bool own = holds(p, 1, 0x22), other = holds(p, 1, 0x23);
+  const unsigned char poke = 0;
+  const bool poked = cudaMemcpy(static_cast<unsigned char*>(p) + (kSizes[1] >> 1) + 5, &poke, 1,
+                                cudaMemcpyHostToDevice) == cudaSuccess;
+  const bool after = holds(p, 1, 0x22);
+  std::printf("self-check: holds its bytes %d, holds other bytes %d, after one byte changed %d\n",
+              own, other, after);
+  cudaFree(p);
+  return own && !other && poked && !after ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -284,6 +307,8 @@ int main(int argc, char** argv) {
   if (mode == "import" && argc == 2 + kBuffers) return import_child(argv + 2);
   if (mode == "export") return export_child();
   if (mode == "export_small") return export_small();
-  std::fprintf(stderr, "usage: ipc_share parent_to_child | child_to_parent | export_small\n");
+  if (mode == "self_check") return self_check();
+  std::fprintf(stderr,
+               "usage: ipc_share parent_to_child | child_to_parent | export_small | self_check\n");
   return 2;
 }
