@@ -66,7 +66,7 @@ bool IpcShare::export_block(const Block& block, void* handle, std::string* why) 
     } else {
       id = next_id_++ & kIdMask;
       ids_.emplace(block.ptr, id);
-      exports_.emplace(id, Export{block.ptr, block.size, block.context, block.pages});
+      exports_.emplace(id, block);
     }
   }
   HandleBytes h{};
@@ -92,7 +92,7 @@ bool IpcShare::lookup(std::uint64_t request, IpcBroker::Reply* out) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = exports_.find(id);
   if (it == exports_.end()) return false;
-  const Export& e = it->second;
+  const Block& e = it->second;
   std::vector<CUmemGenericAllocationHandle> pages(kMaxPages);
   const std::size_t count = e.pages->handles(e.ptr, e.size, pages.data(), pages.size());
   if (count == 0 || chunk * kChunk >= count) return false;

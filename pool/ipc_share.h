@@ -81,12 +81,6 @@ class IpcShare {
   const IpcBroker& broker() const { return broker_; }
 
  private:
-  struct Export {
-    CUdeviceptr ptr = 0;
-    std::uint64_t size = 0;
-    CUcontext context = nullptr;
-    const PageMap* pages = nullptr;
-  };
   struct Import {
     CUdeviceptr va = 0;  // the reserved range, count pages
     std::uint64_t span = 0;
@@ -107,7 +101,7 @@ class IpcShare {
   IpcBroker broker_;
   mutable std::mutex mutex_;
   std::uint64_t next_id_ = 1;
-  std::unordered_map<std::uint64_t, Export> exports_;   // by export id
+  std::unordered_map<std::uint64_t, Block> exports_;    // by export id
   std::unordered_map<CUdeviceptr, std::uint64_t> ids_;  // live exported block -> its id
   std::map<CUdeviceptr, Import> imports_;               // by the address open() returned
 };
