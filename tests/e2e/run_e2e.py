@@ -415,6 +415,21 @@ def case_legacy_ipc_between_processes_matches_native(tmp):
 
 
 @case
+def case_legacy_ipc_importer_without_the_shim_gets_the_native_error(tmp):
+    # The child runs without libpoolshim: poolshim's handles are no driver handles to it, so
+    # each open fails as bytes that are no handle do natively, and the exporter's log has said
+    # where its handles open.
+    shim = run([program("ipc_share"), "parent_to_child"], True, tmp, dict(without_leak_check(), IPC_SHARE_CHILD_WITHOUT_SHIM="1"))
+    expect_equal(shim.rc, 3, f"exit status\n{shim.describe()}")
+    for i, size in enumerate((3145728, 22020096, 45088768)):
+        line = f"child: buffer {i} of {size} bytes: open cudaErrorInvalidResourceHandle, exporter's bytes 0, rewritten 0\n"
+        expect(line in shim.out, f"missing {line!r}\n{shim.out}")
+    expect("child: bytes that are no handle: cudaErrorInvalidResourceHandle\n" in shim.out, shim.out)
+    expect_equal(shim.err.count(IPC_EXPORT_WARNING), 1, f"the exporter's warning\n{shim.err}")
+    expect("opens only in a process that also runs under poolshim" in shim.err, shim.err)
+
+
+@case
 def case_legacy_ipc_of_a_small_block_fails_with_a_warning(tmp):
     # A block of 1 MiB or less lives in a shared small-block segment that cannot be exported
     # alone: the driver's own error comes back (the pool's memory is no cuMemAlloc memory), and

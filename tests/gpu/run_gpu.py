@@ -482,6 +482,20 @@ class Suite:
                                       if "own" in line or "no handle" in line or "exited child" in line)
                 self.case(f"legacy IPC of pooled memory, {mode.replace('_', ' ')}, kernels [{runtime}]", share)
 
+            def unshimmed(runtime=runtime):
+                # An importer without the shim: each open fails as bytes that are no handle do.
+                args = [self.binary("ipc_kernels", runtime), "parent_to_child"]
+                shim = run_process(args, with_shim(self.env({"IPC_SHARE_CHILD_WITHOUT_SHIM": "1"}), self.library,
+                                                   os.path.join(self.logdir(f"ipc-unshimmed-{runtime}"), "log-%p.jsonl")), 120)
+                expect_equal(shim.rc, 3, shim.describe())
+                native_error = [l.split(": ")[-1] for l in shim.out.splitlines() if "no handle" in l]
+                expect_equal(len(native_error), 1, shim.out)
+                opens = [l for l in shim.out.splitlines() if l.startswith("child: buffer ")]
+                expect_equal([l.split("open ")[1].split(",")[0] for l in opens], native_error * 3, shim.out)
+                expect_equal(shim.err.count(warning), 1, shim.err)
+                return f"each open: {native_error[0]}"
+            self.case(f"legacy IPC: an importer without the shim gets the native error [{runtime}]", unshimmed)
+
             def small(runtime=runtime):
                 args = [self.binary("ipc_kernels", runtime), "export_small"]
                 native = run_process(args, self.env(), 120)

@@ -152,6 +152,25 @@ bool check_rewrites(void* buffers[kBuffers], const char* who) {
   return ok;
 }
 
+// IPC_SHARE_CHILD_WITHOUT_SHIM: the child runs without libpoolshim (the rest of LD_PRELOAD,
+// say a sanitizer's runtime, stays): an importer that does not run under the shim.
+void drop_shim_from_preload() {
+  const char* preload = std::getenv("LD_PRELOAD");
+  if (preload == nullptr) return;
+  std::string kept, entry;
+  const std::string all = std::string(preload) + ":";
+  for (char c : all) {
+    if (c != ':' && c != ' ') {
+      entry += c;
+      continue;
+    }
+    if (!entry.empty() && entry.find("libpoolshim") == std::string::npos)
+      kept += (kept.empty() ? "" : ":") + entry;
+    entry.clear();
+  }
+  setenv("LD_PRELOAD", kept.c_str(), 1);
+}
+
 // Runs this program as `args`, its standard input and output the pipes returned.
 pid_t start_child(const std::vector<std::string>& args, int* to_child, int* from_child) {
   int down[2], up[2];
@@ -159,6 +178,7 @@ pid_t start_child(const std::vector<std::string>& args, int* to_child, int* from
   std::fflush(stdout);
   const pid_t pid = fork();
   if (pid == 0) {
+    if (std::getenv("IPC_SHARE_CHILD_WITHOUT_SHIM") != nullptr) drop_shim_from_preload();
     dup2(down[0], 0);
     dup2(up[1], 1);
     close(down[0]), close(down[1]), close(up[0]), close(up[1]);
