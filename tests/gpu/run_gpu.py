@@ -511,7 +511,8 @@ class Suite:
             native, shim, logs = self.differential("ipc-torch", [sys.executable, os.path.join(HERE, "torch_ipc.py")],
                                                    timeout=300)
             expect_equal(shim.rc, 0, shim.describe())
-            expect_equal(shim.err.count(warning), 1, f"poolshim's export\n{shim.err[-3000:]}")
+            # Both export (the parent two tensors, the child one): each process warns once.
+            expect_equal(shim.err.count(warning), 2, f"poolshim's exports\n{shim.err[-3000:]}")
             pooled = sum(exit_record(l)["pooled_allocs"] for l in logs)
             return f"{shim.out.strip()}; {pooled} allocations pooled in {len(logs)} processes"
         self.case("torch.multiprocessing shares CUDA tensors (caching allocator on) under the shim", torch_ipc)
