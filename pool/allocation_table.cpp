@@ -100,44 +100,43 @@ void AllocationTable::insert(std::uintptr_t ptr, const Allocation& a) {
   insert_unlocked(s, ptr, a, h);
 }
 
+AllocationTable::Slot* AllocationTable::slot_of(const Shard& s, std::uintptr_t key,
+                                                std::uint64_t h) {
+  const std::size_t mask = s.capacity - 1;
+  for (std::size_t i = h & mask; s.slots[i].key != 0; i = (i + 1) & mask) {
+    if (s.slots[i].key == key) return &s.slots[i];
+  }
+  return nullptr;
+}
+
 std::optional<Allocation> AllocationTable::take(std::uintptr_t ptr) {
   const std::uint64_t h = hash(ptr);
   Shard& s = shard_for(shards_, h);
   std::lock_guard<SpinLock> guard(s.lock);
-  const std::size_t mask = s.capacity - 1;
-  for (std::size_t i = h & mask; s.slots[i].key != 0; i = (i + 1) & mask) {
-    if (s.slots[i].key == ptr) {
-      Allocation a = s.slots[i].value;
-      erase_at(s, i);
-      return a;
-    }
-  }
-  return std::nullopt;
+  Slot* slot = slot_of(s, ptr, h);
+  if (slot == nullptr) return std::nullopt;
+  Allocation a = slot->value;
+  erase_at(s, static_cast<std::size_t>(slot - s.slots));
+  return a;
 }
 
 std::optional<Allocation> AllocationTable::find(std::uintptr_t ptr) const {
   const std::uint64_t h = hash(ptr);
   const Shard& s = shards_[h >> 58];
   std::lock_guard<SpinLock> guard(s.lock);
-  const std::size_t mask = s.capacity - 1;
-  for (std::size_t i = h & mask; s.slots[i].key != 0; i = (i + 1) & mask) {
-    if (s.slots[i].key == ptr) return s.slots[i].value;
-  }
-  return std::nullopt;
+  const Slot* slot = slot_of(s, ptr, h);
+  if (slot == nullptr) return std::nullopt;
+  return slot->value;
 }
 
 std::optional<Allocation> AllocationTable::add_flags(std::uintptr_t ptr, std::uint32_t flags) {
   const std::uint64_t h = hash(ptr);
-  Shard& s = shards_[h >> 58];
+  Shard& s = shard_for(shards_, h);
   std::lock_guard<SpinLock> guard(s.lock);
-  const std::size_t mask = s.capacity - 1;
-  for (std::size_t i = h & mask; s.slots[i].key != 0; i = (i + 1) & mask) {
-    if (s.slots[i].key == ptr) {
-      s.slots[i].value.flags |= flags;
-      return s.slots[i].value;
-    }
-  }
-  return std::nullopt;
+  Slot* slot = slot_of(s, ptr, h);
+  if (slot == nullptr) return std::nullopt;
+  slot->value.flags |= flags;
+  return slot->value;
 }
 
 void AllocationTable::drop_device(

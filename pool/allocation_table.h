@@ -70,6 +70,8 @@ class AllocationTable {
   static void insert_unlocked(Shard& s, std::uintptr_t key, const Allocation& value,
                               std::uint64_t h);
   static void erase_at(Shard& s, std::size_t index);
+  /// The slot of `key` (hash `h`) in `s`, under its lock; null when it holds none.
+  static Slot* slot_of(const Shard& s, std::uintptr_t key, std::uint64_t h);
 
   Shard shards_[kShards];
 };

@@ -84,11 +84,11 @@ class DevicePool {
   /// The paged arenas' page size, 0 when large blocks come from pool segments.
   std::uint64_t page() const { return page_; }
 
-  /// The user-space allocator over the pool (segments split and merged), and the fences that
-  /// make its free blocks reusable by any stream.
   /// Whether the paged arenas' pages can be exported (PoolSettings::ipc, and the device
   /// accepted the handle type).
   bool pages_exportable() const;
+  /// The user-space allocator over the pool (segments split and merged), and the fences that
+  /// make its free blocks reusable by any stream.
   DeviceHeap& heap() { return *heap_; }
   const DeviceHeap& heap() const { return *heap_; }
   /// Bytes of free segments the heap keeps beyond what is in use (the `cache` option).

@@ -123,13 +123,7 @@ CUresult IpcShare::open(const void* handle, CUdeviceptr* out) {
   if (h.pid == static_cast<std::int32_t>(getpid())) return CUDA_ERROR_INVALID_CONTEXT;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [ptr, import] : imports_) {
-      if (import.pid == h.pid && import.id == h.id) {
-        ++import.refs;
-        *out = ptr;
-        return CUDA_SUCCESS;
-      }
-    }
+    if (opened_again(h.pid, h.id, out)) return CUDA_SUCCESS;
   }
   // Fetched without the lock: the exporter may take a while, and it may be this process's
   // own child asking this process's broker at the same time.
@@ -162,18 +156,25 @@ CUresult IpcShare::open(const void* handle, CUdeviceptr* out) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     // Another thread may have opened the same export meanwhile: one mapping, as natively.
-    for (auto& [p, other] : imports_) {
-      if (other.pid == h.pid && other.id == h.id) {
-        ++other.refs;
-        *out = p;
-        unmap_import(import);
-        return CUDA_SUCCESS;
-      }
+    if (opened_again(h.pid, h.id, out)) {
+      unmap_import(import);
+      return CUDA_SUCCESS;
     }
     imports_.emplace(ptr, std::move(import));
   }
   *out = ptr;
   return CUDA_SUCCESS;
+}
+
+bool IpcShare::opened_again(pid_t pid, std::uint64_t id, CUdeviceptr* out) {
+  for (auto& [ptr, import] : imports_) {
+    if (import.pid == pid && import.id == id) {
+      ++import.refs;
+      *out = ptr;
+      return true;
+    }
+  }
+  return false;
 }
 
 CUresult IpcShare::map_import(const std::vector<int>& fds, std::uint64_t page, Import* import) {

@@ -91,6 +91,9 @@ class IpcShare {
     int refs = 0;
   };
 
+  /// An import of export `id` of `pid` already mapped here: one more reference, its address in
+  /// `out`, and true. Under mutex_.
+  bool opened_again(pid_t pid, std::uint64_t id, CUdeviceptr* out);
   /// The broker's lookup: the descriptors of one chunk of an export's pages.
   bool lookup(std::uint64_t request, IpcBroker::Reply* out);
   /// Maps the pages whose descriptors arrived; undoes its work on failure.
