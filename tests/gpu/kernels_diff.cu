@@ -369,10 +369,24 @@ void unmap_under_kernel() {
   std::printf("unmap_under_kernel: sync=%s\n", cudaGetErrorName(sync));
 }
 
+// CUDA 13 loads each kernel at its first launch (CUDA_MODULE_LOADING=LAZY, the default), and a
+// load synchronizes the context: a kernel first launched while a late writer runs starts only
+// after it, which hides every race these cases look for (on the H100, per_thread_two_threads'
+// premise never corrupted until the kernels were loaded first). Each is launched once, on
+// nothing, before any case.
+void load_kernels() {
+  late_fill<<<1, 1>>>(nullptr, 0, 0, 0);
+  fill<<<1, 1>>>(nullptr, 0, 0);
+  count_not<<<1, 1>>>(nullptr, 0, 0, nullptr);
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaDeviceSynchronize());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string_view only = argc > 1 ? argv[1] : "";
+  load_kernels();
   if (only == "pages_move") {
     pages_move_while_kernel_runs();
     return 0;
