@@ -26,6 +26,7 @@ struct Allocation {
 
   static constexpr std::uint32_t kAsync = 1;
   static constexpr std::uint32_t kExported = 2;  // exported through legacy IPC (ipc_share.h)
+  static constexpr std::uint32_t kNative = 4;    // the real function's (router.h: natives_)
 };
 
 class AllocationTable {

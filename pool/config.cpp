@@ -21,6 +21,7 @@ const std::vector<OptionInfo>& option_table() {
 
 std::vector<std::string> choice_values(std::string_view option_name) {
   if (option_name == "free") return {"auto", "sync", "ordered"};
+  if (option_name == "mode") return {"pool", "observe"};
   return {};
 }
 

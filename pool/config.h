@@ -18,6 +18,11 @@ namespace poolshim {
 #define POOLSHIM_OPTIONS(X)                                                                        \
   X(enable, Bool, "1",                                                                             \
     "Route allocations into the pool; 0 passes every call through untouched (for A/B runs).")      \
+  X(mode, Choice, "pool",                                                                          \
+    "pool: serve allocations from poolshim's pool. observe: every allocation and free goes to "    \
+    "the real function unchanged and is tracked as pooled ones are (size, stream, age, call "      \
+    "site), with the same records, so that an out-of-memory error is explained as it happens "     \
+    "natively; `limit` still caps each device.")                                                   \
   X(log, Path, "poolshim-%p.jsonl",                                                                \
     "Log file (JSON Lines), created at the first device-memory call. %p pid, %h host, %r rank, "   \
     "%t start time, %% a percent sign; empty disables the log.")                                   \
@@ -70,9 +75,10 @@ namespace poolshim {
   X(oom_retry, Bool, "1",                                                                          \
     "On out-of-memory, synchronize, trim the pool's unused memory and retry once.")                \
   X(limit, Size, "0",                                                                              \
-    "A cap on the pool of every device (bytes with K/M/G/T, or % of device memory; 0: none): "     \
-    "allocations past it fail with the native out-of-memory error, and cudaMemGetInfo reports "    \
-    "the cap as total. POOLSHIM_LIMIT_<device> sets one device's.")                                \
+    "A cap on the pool of every device (bytes with K/M/G/T, or % of device memory; 0: none), or "  \
+    "in observe mode on its tracked allocations: allocations past it fail with the native "        \
+    "out-of-memory error, and cudaMemGetInfo reports the cap as total. POOLSHIM_LIMIT_<device> "   \
+    "sets one device's.")                                                                          \
   X(backtrace, Frames, "0",                                                                        \
     "Record up to this many return addresses (at most 32) per live allocation, for the call "      \
     "sites of OOM and leak reports; 0 records none.")                                              \

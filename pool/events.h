@@ -31,6 +31,7 @@ struct OomReport {
   std::uint64_t cap = 0;   // the pool's cap (POOLSHIM_LIMIT), 0 when none
   std::uint32_t site = 0;  // call site of the failed request (POOLSHIM_BACKTRACE), 0: none
   int error = 0;           // the code the application got back
+  bool observe = false;    // observe mode: the figures are the tracked native allocations
 };
 
 struct Event {

@@ -57,6 +57,8 @@ void add_device_fields(JsonObject& o, const DeviceSnapshot& s) {
   } else {
     o.add_null("cap_bytes");
   }
+  o.add("native_bytes", s.native_bytes).add("native_bytes_peak", s.native_bytes_peak);
+  o.add("native_allocs", s.native_allocs);
   o.add("cached_bytes", s.cached_bytes).add("cached_bytes_peak", s.cached_bytes_peak);
   o.add("pool_slack", pool_slack(s.pool, s.cached_bytes));
   o.add("rounding_waste", rounding_waste(s.pool, s.cached_bytes, s.stats.requested_bytes.current));
@@ -172,8 +174,8 @@ std::string oom_hint(const OomReport& r) {
            format_bytes(r.device_total) + "): check the size computation";
   }
   return "the device is full (" + format_bytes(r.live_bytes) + " live in " +
-         std::to_string(r.live_count) +
-         " pooled allocations): reduce the working set or free buffers earlier";
+         std::to_string(r.live_count) + (r.observe ? " tracked" : " pooled") +
+         " allocations): reduce the working set or free buffers earlier";
 }
 
 std::vector<SiteGroup> group_by_site(const std::vector<LiveAllocation>& live, std::size_t limit) {
@@ -236,6 +238,7 @@ std::string oom_record(double t, int pid, const OomReport& r, const OomDetails& 
   JsonObject o = header("oom", t, pid);
   o.add("device", r.device).add("request_bytes", r.request);
   o.add("api", r.async ? "cudaMallocAsync" : "cudaMalloc");
+  o.add("mode", r.observe ? "observe" : "pool");
   o.add("stream", static_cast<std::uint64_t>(r.stream));
   if (r.device_info_valid) {
     o.add("device_free", r.device_free).add("device_total", r.device_total);
@@ -290,9 +293,13 @@ std::string oom_text(const OomReport& r, const OomDetails& details, const SiteTe
               format_bytes(r.cap > r.used ? r.cap - r.used : 0) + " headroom)";
   }
   line("device", device);
-  line("pool", format_bytes(r.reserved) + " reserved, " + format_bytes(r.used) + " used, " +
-                   format_bytes(unused) + " unused (" + format_bytes(r.released_after) +
-                   " given back before the real call)");
+  if (r.observe) {
+    line("mode", "observe: the real function served every allocation, nothing is pooled");
+  } else {
+    line("pool", format_bytes(r.reserved) + " reserved, " + format_bytes(r.used) + " used, " +
+                     format_bytes(unused) + " unused (" + format_bytes(r.released_after) +
+                     " given back before the real call)");
+  }
   line("live", allocations(r.live_count) + ", " + format_bytes(r.live_bytes) + " requested");
   bool first = true;
   std::size_t shown = 0;
@@ -331,7 +338,7 @@ std::string exit_record(double t, int pid, const ExitSummary& summary, const Sit
   std::uint64_t pooled = 0;
   std::vector<std::string> devs;
   for (const auto& d : summary.devices) {
-    pooled += d.stats.allocs;
+    if (!d.observe) pooled += d.stats.allocs;  // observe mode tracks them, pooling none
     JsonObject dj;
     add_device_fields(dj, d);
     devs.push_back(dj.str());

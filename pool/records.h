@@ -15,7 +15,7 @@
 
 namespace poolshim {
 
-constexpr int kSchemaVersion = 1;
+constexpr int kSchemaVersion = 2;  // 2: observe mode's `mode`, the `native_*` fields
 
 /// The library's version ("0.1.0").
 const char* poolshim_version_string();

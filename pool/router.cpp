@@ -44,6 +44,7 @@ Router::Router(const DriverApi& driver, const Config& config, EventQueue& events
   free_mode_why_ = mode.why;
   if (driver_.cuDeviceGetCount(&device_count_) != CUDA_SUCCESS) device_count_ = 0;
   settings_.single_device = device_count_ == 1;
+  observe_ = config.mode == "observe";
   ipc_ = std::make_unique<IpcShare>(driver_);
 }
 
@@ -182,7 +183,12 @@ CUresult Router::take_block(DevicePool& pool, std::size_t bytes, std::uintptr_t 
 
 bool Router::device_memory(const DevicePool& pool, std::uint64_t* free,
                            std::uint64_t* total) const {
-  ScopedContext ctx(driver_, pool.context());
+  return device_memory(pool.context(), free, total);
+}
+
+bool Router::device_memory(CUcontext context, std::uint64_t* free, std::uint64_t* total) const {
+  if (context == nullptr) return false;
+  ScopedContext ctx(driver_, context);
   std::size_t f = 0;
   std::size_t t = 0;
   if (driver_.cuMemGetInfo_v2(&f, &t) != CUDA_SUCCESS) return false;
@@ -230,7 +236,8 @@ void Router::decline_allocation(DevicePool& pool, std::size_t bytes, CUstream st
   // Under a cap the real function must not allocate what the pool refused: it is asked for
   // a request it cannot serve, so the application gets the native error and nothing else.
   const bool capped = pool.cap() > 0;
-  const RealResult result = real(pool_oom && capped ? kRefusedRequest : bytes);
+  const RealResult result = pass_through(
+      pool.ordinal(), pool_oom && capped ? kRefusedRequest : bytes, stream, async, real);
   DeviceStats& s = stats(pool.ordinal());
   if (result == RealResult::success) {
     s.bump(&CounterShard::fallback_allocs);
@@ -242,12 +249,17 @@ void Router::decline_allocation(DevicePool& pool, std::size_t bytes, CUstream st
   }
   s.bump(&CounterShard::failed_allocs);
   if (result != RealResult::out_of_memory) return;
-  s.bump(&CounterShard::ooms);
   if (!pool_oom) {
     report = describe_oom(pool, bytes, stream, async);
     report.site = capture_site();
   }
-  if (unused_of(PoolUsage{report.reserved, 0, report.used, 0, true}) >= bytes) {
+  publish_oom(report);
+}
+
+void Router::publish_oom(const OomReport& report) {
+  DeviceStats& s = stats(report.device);
+  s.bump(&CounterShard::ooms);
+  if (unused_of(PoolUsage{report.reserved, 0, report.used, 0, true}) >= report.request) {
     s.bump(&CounterShard::oom_with_slack);
   }
   const std::uint64_t ticket = events_.push_oom(report);
@@ -266,10 +278,11 @@ bool Router::healthy(DevicePool& pool) {
 }
 
 bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, AllocFallback real) {
+  if (observe_) return observe_allocation(device, bytes, nullptr, false, real);
   DevicePool* pool = pool_for(device);
   if (pool == nullptr || !adopt_context(*pool) || !healthy(*pool)) {
     note_passthrough_alloc(device);
-    real(bytes);
+    pass_through(device, bytes, nullptr, false, real);
     return false;
   }
   // cudaMalloc's memory is usable from any stream once it returns: a block whose fence has
@@ -295,11 +308,12 @@ bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Allo
 
 bool Router::allocate_async(int device, std::size_t bytes, CUstream stream, CUdeviceptr* out,
                             AllocFallback real) {
+  if (observe_) return observe_allocation(device, bytes, stream, true, real);
   DevicePool* pool = app_pool(device) ? nullptr : pool_for(device);
   // A named stream carries its own context; the default streams need the right one current.
   if (pool == nullptr || (is_default_stream(stream) && !adopt_context(*pool)) || !healthy(*pool)) {
     note_passthrough_alloc(device);
-    real(bytes);
+    pass_through(device, bytes, stream, true, real);
     return false;
   }
   if (stream == CU_STREAM_PER_THREAD) after_stream_created();
@@ -372,6 +386,7 @@ void Router::free_sync(void* ptr, int caller_device, Fallback real) {
     real(for_real_free(ptr));
     return;
   }
+  if ((a->flags & Allocation::kNative) != 0) return free_native(key, *a, real, false);
   DevicePool* pool = existing_pool(a->device);
   if (pool != nullptr && ordered_mode_ && ordered_free_possible(*pool)) {
     // Usable once the next fence has completed, or at once in the legacy stream's order. A
@@ -520,7 +535,7 @@ void Router::refuse_legacy_handout(DevicePool& pool, const HeapBlock& b, std::si
                                    AllocFallback real) {
   pool.heap().free(b.arena, b.node, b.size, kLegacyToken, b.ready_at, pool.fences().completed());
   note_passthrough_alloc(pool.ordinal());
-  real(bytes);
+  pass_through(pool.ordinal(), bytes, nullptr, false, real);
 }
 
 bool Router::legacy_token_for_free(DevicePool& pool) const {
@@ -665,6 +680,7 @@ void Router::free_async(void* ptr, CUstream stream, Fallback real) {
     real(for_real_free(ptr));
     return;
   }
+  if ((a->flags & Allocation::kNative) != 0) return free_native(key, *a, real, true);
   DevicePool* pool = existing_pool(a->device);
   if (pool == nullptr || !healthy(*pool)) {
     free_on_proxy(key, *a, real);  // the real function answers (the sticky error, natively)
@@ -739,6 +755,7 @@ void Router::free_unrouted(void* ptr, int caller_device, Fallback real, bool asy
     real(for_real_free(ptr));
     return;
   }
+  if ((a->flags & Allocation::kNative) != 0) return free_native(key, *a, real, async);
   // A cudaFreeAsync on a capturing stream becomes a free node of the graph, which frees when
   // (and each time) the graph runs: the block can never be known free again.
   CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -867,6 +884,7 @@ std::uint32_t Router::capture_site() {
 }
 
 std::uint64_t Router::cap(int device) const {
+  if (observe_) return natives_.cap(device);
   const DevicePool* pool = existing_pool(device);
   return pool != nullptr ? pool->cap() : 0;
 }
@@ -876,6 +894,15 @@ void Router::note_app_pool_alloc(int device) {
 }
 
 void Router::adjust_memory_info(int device, std::size_t* free, std::size_t* total) const {
+  if (observe_) {
+    // Under a cap the application sees a device of the cap's size, as in pool mode.
+    const std::uint64_t t = natives_.cap(device);
+    if (t == 0) return;
+    const std::uint64_t live = natives_.live_bytes(device);
+    *free = static_cast<std::size_t>(std::min<std::uint64_t>(*free, live < t ? t - live : 0));
+    *total = static_cast<std::size_t>(t);
+    return;
+  }
   const DevicePool* pool = existing_pool(device);
   if (pool == nullptr) return;
   RelaxedCaptureScope relaxed(driver_);  // cudaMemGetInfo is legal during a capture
@@ -925,8 +952,127 @@ void Router::before_device_reset(int device) {
   if (registry_ != nullptr) registry_->drop_device(device);
   table_.drop_device(device, [this, &s](std::uintptr_t ptr, const Allocation& a) {
     if ((a.flags & Allocation::kExported) != 0) ipc_->forget(ptr);
-    s.on_dropped(a.requested);
+    // A pass-through allocation was never in the pooled figures (observe mode's are).
+    if ((a.flags & Allocation::kNative) == 0 || observe_) s.on_dropped(a.requested);
   });
+  natives_.forget_device(device);
+}
+
+// ---- allocations the real function served, tracked (observe mode, pass-through) ----------
+
+void Router::observe_device(int device) {
+  if (ever_used_[device].load(std::memory_order_acquire)) return;
+  // The cap as the pool would take it: POOLSHIM_LIMIT_<device> over POOLSHIM_LIMIT, a share of
+  // the device's memory resolved against it, and a cap the device cannot reach is none.
+  const auto own = config_.device_limits.find(device);
+  const SizeValue limit = own != config_.device_limits.end() ? own->second : config_.limit;
+  std::uint64_t cap = 0;
+  CUdevice dev = 0;
+  std::size_t total = 0;
+  if ((limit.bytes > 0 || limit.is_percent) && driver_.cuDeviceGet(&dev, device) == CUDA_SUCCESS &&
+      driver_.cuDeviceTotalMem_v2(&total, dev) == CUDA_SUCCESS) {
+    cap = limit.resolve(total);
+    if (cap >= total) cap = 0;
+  }
+  natives_.set_cap_once(device, cap);
+  ever_used_[device].store(true, std::memory_order_release);
+}
+
+bool Router::observe_allocation(int device, std::size_t bytes, CUstream stream, bool async,
+                                AllocFallback real) {
+  CUdeviceptr native = 0;
+  if (!valid_device(device)) {
+    real(bytes, &native);
+    return false;
+  }
+  observe_device(device);
+  DeviceStats& s = stats(device);
+  if (!natives_.admit(device, bytes)) {
+    // Past the cap: the real function is asked for what it cannot serve, so the application
+    // gets the native out-of-memory error, as on a device of the cap's size.
+    OomReport report = describe_native_oom(device, bytes, stream, async);
+    report.site = capture_site();
+    const RealResult r = real(kRefusedRequest, &native);
+    s.bump(&CounterShard::failed_allocs);
+    if (r == RealResult::out_of_memory) publish_oom(report);
+    return false;
+  }
+  const RealResult r = real(bytes, &native);
+  if (r != RealResult::success || native == 0) {
+    natives_.release(device, bytes);
+    if (r == RealResult::success) return false;  // nothing to track (no address seen)
+    s.bump(&CounterShard::failed_allocs);
+    if (r == RealResult::out_of_memory) {
+      OomReport report = describe_native_oom(device, bytes, stream, async);
+      report.site = capture_site();
+      publish_oom(report);
+    }
+    return false;
+  }
+  if (natives_.context(device) == nullptr) {
+    CUcontext current = nullptr;
+    if (driver_.cuCtxGetCurrent(&current) == CUDA_SUCCESS) natives_.note_context(device, current);
+  }
+  natives_.made(device);
+  table_.insert(native, Allocation{bytes, bytes, coarse_now_ns(),
+                                   async ? reinterpret_cast<std::uintptr_t>(stream) : 0, device,
+                                   Allocation::kNative | (async ? Allocation::kAsync : 0),
+                                   capture_site(), 0, nullptr});
+  s.on_alloc(bytes);
+  if (async) s.bump(&CounterShard::async_allocs);
+  return false;
+}
+
+RealResult Router::pass_through(int device, std::size_t bytes, CUstream stream, bool async,
+                                AllocFallback real) {
+  CUdeviceptr native = 0;
+  const RealResult r = real(bytes, &native);
+  // Pool mode sets no cap in natives_: the admission only counts.
+  if (r == RealResult::success && native != 0 && valid_device(device) &&
+      natives_.admit(device, bytes)) {
+    natives_.made(device);
+    table_.insert(native, Allocation{bytes, bytes, coarse_now_ns(),
+                                     async ? reinterpret_cast<std::uintptr_t>(stream) : 0, device,
+                                     Allocation::kNative | (async ? Allocation::kAsync : 0),
+                                     capture_site(), 0, nullptr});
+  }
+  return r;
+}
+
+void Router::free_native(std::uintptr_t key, const Allocation& a, Fallback real, bool async) {
+  if (real(reinterpret_cast<void*>(key)) != RealResult::success) {
+    table_.insert(key, a);  // still live (a sticky error, say): a later free must find it
+    return;
+  }
+  natives_.release(a.device, a.requested);
+  natives_.freed(a.device);
+  if (!observe_) return;
+  stats(a.device).on_free(a.requested);
+  if (async) stats(a.device).bump(&CounterShard::async_frees);
+}
+
+OomReport Router::describe_native_oom(int device, std::size_t bytes, CUstream stream,
+                                      bool async) const {
+  OomReport report;
+  report.t_ns = now_ns();
+  report.device = device;
+  report.request = bytes;
+  report.stream = reinterpret_cast<std::uintptr_t>(stream);
+  report.async = async;
+  // The caller's context is the device's (the real function has just run in it).
+  std::size_t f = 0;
+  std::size_t t = 0;
+  report.device_info_valid = driver_.cuMemGetInfo_v2(&f, &t) == CUDA_SUCCESS;
+  report.device_free = f;
+  report.device_total = t;
+  // All the shim holds is what the application holds: no pool, no slack.
+  report.reserved = report.used = natives_.live_bytes(device);
+  const DeviceStats& s = stats_[static_cast<std::size_t>(device)];
+  report.live_bytes = s.current(&CounterShard::requested_bytes_part);
+  report.live_count = s.current(&CounterShard::live_allocs_part);
+  report.cap = natives_.cap(device);
+  report.observe = true;
+  return report;
 }
 
 std::vector<int> Router::active_devices() const {
@@ -942,6 +1088,16 @@ DeviceSnapshot Router::snapshot(int device) const {
   snap.device = device;
   if (!valid_device(device)) return snap;
   snap.stats = take_snapshot(stats_[static_cast<std::size_t>(device)]);
+  snap.native_bytes = natives_.live_bytes(device);
+  snap.native_bytes_peak = natives_.peak_bytes(device);
+  snap.native_allocs = natives_.live_count(device);
+  snap.observe = observe_;
+  if (observe_) {
+    snap.cap = natives_.cap(device);
+    snap.device_info_valid =
+        device_memory(natives_.context(device), &snap.device_free, &snap.device_total);
+    return snap;
+  }
   const DevicePool* pool = existing_pool(device);
   if (pool == nullptr) return snap;
   snap.pool = pool->usage();
@@ -1000,6 +1156,7 @@ std::vector<DeviceDescription> Router::describe_devices() const {
 }
 
 std::uint64_t Router::pooled_allocations() const {
+  if (observe_) return 0;  // its counters count tracked native allocations
   std::uint64_t n = 0;
   for (const auto& s : stats_) {
     for (const auto& shard : s.shards) n += shard.allocs.load(std::memory_order_relaxed);

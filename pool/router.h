@@ -23,6 +23,7 @@
 #include "events.h"
 #include "function_ref.h"
 #include "ipc_share.h"
+#include "native_ledger.h"
 #include "peer_access.h"
 #include "stats.h"
 #include "stream_registry.h"
@@ -43,9 +44,10 @@ enum class RealResult { success, out_of_memory, error };
 /// rules, sticky errors) without ever freeing a segment under the heap's live blocks.
 using Fallback = FunctionRef<RealResult(void* ptr)>;
 /// The real allocation function behind a hook, asked for `bytes`: the request, or
-/// kRefusedRequest when the pool's cap refuses it (the real function then fails with the
-/// native out-of-memory error and its native side effects, without allocating anything).
-using AllocFallback = FunctionRef<RealResult(std::size_t bytes)>;
+/// kRefusedRequest when a cap refuses it (the real function then fails with the native
+/// out-of-memory error and its native side effects, without allocating anything). It stores
+/// the address it got in `*native` (0 when it failed), so that the allocation can be tracked.
+using AllocFallback = FunctionRef<RealResult(std::size_t bytes, CUdeviceptr* native)>;
 /// A request no device can serve (1 PiB: on an H200 cudaMalloc answers it with
 /// cudaErrorMemoryAllocation at once).
 constexpr std::size_t kRefusedRequest = std::size_t{1} << 50;
@@ -61,6 +63,12 @@ struct DeviceSnapshot {
   std::uint64_t device_free = 0;
   std::uint64_t device_total = 0;
   std::uint64_t cap = 0;  // the pool's cap, 0 when none
+  // Live allocations the real function served that the shim tracks (every allocation in
+  // observe mode; pass-through ones in pool mode): bytes, their peak, count.
+  std::uint64_t native_bytes = 0;
+  std::uint64_t native_bytes_peak = 0;
+  std::uint64_t native_allocs = 0;
+  bool observe = false;  // POOLSHIM_MODE=observe
 };
 
 struct DeviceDescription {
@@ -278,6 +286,7 @@ class Router {
   void* for_real_free(void* ptr) const;
   /// The device's free and total memory as the driver sees it (cuMemGetInfo in its context).
   bool device_memory(const DevicePool& pool, std::uint64_t* free, std::uint64_t* total) const;
+  bool device_memory(CUcontext context, std::uint64_t* free, std::uint64_t* total) const;
   OomReport describe_oom(DevicePool& pool, std::size_t bytes, CUstream stream, bool async) const;
   void warn_once(std::atomic<bool>& flag, std::string text);
   DeviceStats& stats(int device) { return stats_[static_cast<std::size_t>(device)]; }
@@ -316,6 +325,29 @@ class Router {
 
   /// table_.take, forgetting the block's IPC export when it has one.
   std::optional<Allocation> take_live(std::uintptr_t key);
+
+  // ---- allocations the real function served, tracked (observe mode, pass-through) ----
+  bool observe_ = false;  // POOLSHIM_MODE=observe: nothing is pooled
+  NativeLedger natives_;
+  /// Observe mode's allocation: the real function serves it (past the cap it fails natively,
+  /// asked for kRefusedRequest) and it is tracked as a pooled one is. Returns false: the
+  /// application's pointer is the real function's.
+  bool observe_allocation(int device, std::size_t bytes, CUstream stream, bool async,
+                          AllocFallback real);
+  /// The real function asked for `bytes` on `device` in pool mode (no pool, or the pool
+  /// declined): what it serves is tracked in natives_, never in the pooled figures.
+  RealResult pass_through(int device, std::size_t bytes, CUstream stream, bool async,
+                          AllocFallback real);
+  /// The real free of the tracked native allocation `a` at `key`; its books on success, back in
+  /// the table otherwise.
+  /// `async`: a cudaFreeAsync.
+  void free_native(std::uintptr_t key, const Allocation& a, Fallback real, bool async);
+  /// The cap of `device` in observe mode, resolved against the device's memory at first use.
+  void observe_device(int device);
+  /// Observe mode's OOM report: the tracked bytes are all the shim holds (reserved = used).
+  OomReport describe_native_oom(int device, std::size_t bytes, CUstream stream, bool async) const;
+  /// An allocation that failed with out-of-memory: the counters, the record, the wait for it.
+  void publish_oom(const OomReport& report);
 
   std::atomic<bool> warned_foreign_context_{false};
   std::atomic<bool> warned_pool_failure_{false};

@@ -1,4 +1,4 @@
-"""Reading poolshim logs (JSON Lines, schema version 1; README.md "The log").
+"""Reading poolshim logs (JSON Lines, schema versions 1 and 2; README.md "The log").
 
 Used by the launcher's end summary, the tests and the report tool. Standard library only.
 
@@ -11,7 +11,7 @@ else is refused with a LogError naming the file and line ("file:line: why"):
     finite and within +-2^64 (the writer's doubles: times, ages, shares); no NaN or Infinity;
   - no lone UTF-16 surrogate (a "\ud800" escape without its pair) in any string or key: like
     bytes that are not UTF-8, it is not text (poolshim itself writes U+FFFD for those);
-  - the common fields: schema 1, a known type, t a number of seconds from 0 to 2^31 (68
+  - the common fields: schema 1 or 2, a known type, t a number of seconds from 0 to 2^31 (68
     years: microseconds of it stay exact in a Perfetto trace), pid an integer from 0 to
     2^31-1 (a pid_t).
 poolshim_report.model checks the fields of each record type on top of this.
@@ -24,7 +24,8 @@ import re
 import reprlib
 import socket
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # the one written now
+SCHEMA_VERSIONS = (1, 2)  # 2 added fields only: a version 1 log reads the same
 RECORD_TYPES = ("start", "sample", "oom", "warning", "exit")
 COMMON_FIELDS = ("schema", "type", "t", "pid")
 
@@ -152,8 +153,8 @@ def _parse(line):
     if missing:
         raise _Refused(f"not a poolshim record (no {', '.join(missing)})")
     schema = record["schema"]
-    if type(schema) is not int or schema != SCHEMA_VERSION:  # noqa: E721 (true is not 1)
-        raise _Refused(f"schema {short_repr(schema)}; this tool reads schema {SCHEMA_VERSION}")
+    if type(schema) is not int or schema not in SCHEMA_VERSIONS:  # noqa: E721 (true is not 1)
+        raise _Refused(f"schema {short_repr(schema)}; this tool reads schemas 1 and {SCHEMA_VERSION}")
     if record["type"] not in RECORD_TYPES:
         raise _Refused(f"unknown record type {short_repr(record['type'])}")
     t, pid = record["t"], record["pid"]
@@ -365,14 +366,22 @@ def summary_text(path, records):
         command = " ".join(start.get("command_line") or [])
         lines.append(f"poolshim: pid {p['pid']} ({command}), log {path}")
         names = {d["device"]: d.get("name") for d in start.get("devices") or []}
+        observe = (start.get("config") or {}).get("mode") == "observe"
         if not p["devices"]:
-            lines.append("  no device memory was pooled")
+            lines.append("  no device memory was " + ("tracked" if observe else "pooled"))
         for dev, d in sorted(p["devices"].items()):
             last = {k: v for k, v in d["last"].items() if v is not None}
 
             def n(key, last=last):
                 return _shown(last.get(key))
 
+            if observe:  # POOLSHIM_MODE=observe: every call native, nothing pooled
+                lines.append(f"  device {dev} ({_shown(names.get(dev))}): observe mode, {n('allocs')} allocations "
+                             f"tracked ({n('async_allocs')} async), {n('frees')} freed, nothing pooled")
+                lines.append(f"    peak tracked {fmt_bytes(last.get('native_bytes_peak'))}, peak requested "
+                             f"{fmt_bytes(last.get('requested_bytes_peak'))}")
+                lines.append(f"    out of memory: {n('ooms')}")
+                continue
             lines.append(f"  device {dev} ({_shown(names.get(dev))}): {n('allocs')} allocations pooled "
                          f"({n('async_allocs')} async), {n('frees')} freed; "
                          f"{n('passthrough_allocs')} allocations and {n('passthrough_frees')} frees passed through")

@@ -179,6 +179,12 @@ RealResult classify(CUresult r) {
   return r == CUDA_ERROR_OUT_OF_MEMORY ? RealResult::out_of_memory : RealResult::error;
 }
 
+// classify, and the address the real allocation wrote (0 when it failed), for the core's books.
+RealResult served(CUresult r, const CUdeviceptr* out, CUdeviceptr* native) {
+  *native = r == CUDA_SUCCESS ? *out : 0;
+  return classify(r);
+}
+
 // The core when this call may be routed (as in the runtime hooks), counting the call.
 Router* routable(const HookScope& scope) {
   if (!scope.outermost()) return nullptr;
@@ -216,8 +222,8 @@ CUresult mem_alloc_async(Real real_fn, CUdeviceptr* dptr, size_t bytes, CUstream
   if (device < 0) return real_fn(dptr, bytes, stream);  // no context or a bad stream: native error
   CUresult result = CUDA_SUCCESS;
   CUdeviceptr p = 0;
-  if (router->allocate_async(device, bytes, s, &p, [&](size_t n) {
-        return classify(result = real_fn(dptr, n, stream));
+  if (router->allocate_async(device, bytes, s, &p, [&](size_t n, CUdeviceptr* native) {
+        return served(result = real_fn(dptr, n, stream), dptr, native);
       })) {
     *dptr = p;
     poolshim::shim::note_pooled_allocation();
@@ -342,8 +348,9 @@ POOLSHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   if (device < 0) return real_fn(dptr, bytesize);
   CUresult result = CUDA_SUCCESS;
   CUdeviceptr p = 0;
-  if (router->allocate_sync(device, bytesize, &p,
-                            [&](size_t n) { return classify(result = real_fn(dptr, n)); })) {
+  if (router->allocate_sync(device, bytesize, &p, [&](size_t n, CUdeviceptr* native) {
+        return served(result = real_fn(dptr, n), dptr, native);
+      })) {
     *dptr = p;
     poolshim::shim::note_pooled_allocation();
   }

@@ -14,6 +14,7 @@ using poolshim::shim::captures_active;
 using poolshim::shim::classify;
 using poolshim::shim::HookScope;
 using poolshim::shim::router_for_call;
+using poolshim::shim::served;
 namespace real = poolshim::real;
 
 namespace {
@@ -68,8 +69,8 @@ cudaError_t malloc_async(void** ptr, size_t size, cudaStream_t stream, bool per_
   }
   cudaError_t result = cudaSuccess;
   CUdeviceptr p = 0;
-  if (router->allocate_async(device, size, s, &p, [&](size_t n) {
-        return classify(result = real_fn(ptr, n, stream));
+  if (router->allocate_async(device, size, s, &p, [&](size_t n, CUdeviceptr* native) {
+        return served(result = real_fn(ptr, n, stream), ptr, native);
       })) {
     *ptr = reinterpret_cast<void*>(p);
     poolshim::shim::note_pooled_allocation();
@@ -110,8 +111,8 @@ POOLSHIM_EXPORT cudaError_t cudaMalloc(void** devPtr, size_t size) {
   if (real::cudaGetDevice()(&device) != cudaSuccess) return real::cudaMalloc()(devPtr, size);
   cudaError_t result = cudaSuccess;
   CUdeviceptr p = 0;
-  if (router->allocate_sync(device, size, &p, [&](size_t n) {
-        return classify(result = real::cudaMalloc()(devPtr, n));
+  if (router->allocate_sync(device, size, &p, [&](size_t n, CUdeviceptr* native) {
+        return served(result = real::cudaMalloc()(devPtr, n), devPtr, native);
       })) {
     *devPtr = reinterpret_cast<void*>(p);
     poolshim::shim::note_pooled_allocation();

@@ -210,7 +210,11 @@ void on_exit() {
     const std::uint64_t give_up = now_ns() + kExitDrainNs;
     while (hooks_in_flight() > own && now_ns() < give_up) sched_yield();
     ExitExtras extras;
-    if (s.router->pooled_allocations() == 0) {
+    if (s.parsed.config.mode == "observe") {
+      extras.notes.emplace_back(
+          "observe mode (POOLSHIM_MODE=observe): every allocation and free went to the real "
+          "function; the allocation figures count the tracked ones, nothing was pooled");
+    } else if (s.router->pooled_allocations() == 0) {
       extras.notes.emplace_back(
           "no allocation was pooled although CUDA calls reached poolshim; see the "
           "passthrough_allocs and fallback_allocs counters and the warnings for why");

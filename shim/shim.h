@@ -80,4 +80,11 @@ inline RealResult classify(cudaError_t e) {
   return e == cudaErrorMemoryAllocation ? RealResult::out_of_memory : RealResult::error;
 }
 
+/// classify, and the address a real allocation wrote in `*out` (0 when it failed): the core
+/// tracks allocations the real function serves (observe mode, pass-through).
+inline RealResult served(cudaError_t e, void* const* out, CUdeviceptr* native) {
+  *native = e == cudaSuccess ? reinterpret_cast<CUdeviceptr>(*out) : 0;
+  return classify(e);
+}
+
 }  // namespace poolshim::shim

@@ -11,7 +11,7 @@ from . import model
 PROG = "poolshim-report"
 
 DESCRIPTION = """\
-Summarize poolshim logs (JSON Lines, schema 1; README.md "The log").
+Summarize poolshim logs (JSON Lines, schema 1 or 2; README.md "The log").
 
 Each LOG is one log file: one per process or rank, or one that several processes appended to
 (records are grouped by pid, and a start record opens a new run, so a file may hold several

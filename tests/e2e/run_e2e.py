@@ -219,6 +219,66 @@ def case_oom_verdict_cap(tmp):
 
 
 @case
+def case_observe_mode_keeps_native_behaviour_where_the_pool_changes_it(tmp):
+    # The fragmentation program: natively (and in observe mode) the double serves its 2 MiB
+    # request from the freed 1 MiB holes; the pool, holding its segments, runs out after 32.
+    args = [program("oom_cases"), "fragmentation"]
+    env = {"CUDADOUBLE_MEM": "32M", "POOLSHIM_BACKTRACE": "8"}
+    native = run(args, False, tmp, env)
+    expect_equal((native.rc, native.out), (0, "no out-of-memory\n"), "native run")
+    pool_dir = os.path.join(tmp, "pool")  # its log apart from the observed run's
+    os.makedirs(pool_dir)
+    pooled = run(args, True, pool_dir, env)
+    expect_equal(pooled.rc, 3, "pool mode changes this program's fate (the premise)")
+    observed = run(args, True, tmp, dict(env, POOLSHIM_MODE="observe"))
+    compare(args, native, observed)
+    ex, d = exit_device(one_log(tmp))
+    expect_equal(ex["pooled_allocs"], 0, "nothing pooled")
+    expect_equal((d["allocs"], d["frees"], d["ooms"]), (33, 16, 0), "tracked allocations, frees, OOMs")
+    expect_equal((d["native_bytes_peak"], d["requested_bytes_peak"]), (32 * MiB, 32 * MiB), "tracked peaks")
+    expect_equal((d["reserved_bytes"], d["cached_bytes"]), (0, 0), "no pool")
+    expect(any("observe mode" in n for n in ex["notes"]), ex["notes"])
+
+
+@case
+def case_observe_mode_oom_is_native_and_names_its_call_site(tmp):
+    args = [program("oom_cases"), "exhausted"]
+    env = {"CUDADOUBLE_MEM": "32M", "POOLSHIM_BACKTRACE": "8"}
+    native = run(args, False, tmp, env)
+    observed = run(args, True, tmp, dict(env, POOLSHIM_MODE="observe"))
+    compare(args, native, observed)
+    expect_equal(observed.rc, 3, "exit status")
+    expect_equal(observed.out, "allocation of 4194304 bytes failed after 8: cudaErrorMemoryAllocation\n", "output")
+    records = one_log(tmp)
+    o = records_of(records, "oom")[0]
+    expect_equal((o["mode"], o["verdict"]), ("observe", "exhausted"), "mode, verdict")
+    expect_equal((o["request_bytes"], o["device_free"], o["device_total"]), (4 * MiB, 0, 32 * MiB), "request, free, total")
+    expect_equal((o["live_allocs"], o["live_bytes"], o["reserved_bytes"]), (8, 32 * MiB, 32 * MiB), "tracked")
+    expect(top_function(o["site"]).startswith("(anonymous namespace)::allocate_layer"), o["site"])
+    expect_equal((o["by_site"][0]["count"], o["by_site"][0]["bytes"]), (8, 32 * MiB), "the call-site group")
+    expect("8 tracked allocations" in o["hint"], o["hint"])
+    for piece in ("  mode         observe: the real function served every allocation", "  verdict      exhausted"):
+        expect(piece in observed.err, f"missing {piece!r} in\n{observed.err}")
+    ex = records_of(records, "exit")[0]
+    expect_equal((ex["leaks"]["count"], ex["leaks"]["bytes"]), (8, 32 * MiB), "leaks at exit")
+
+
+@case
+def case_observe_mode_cap_refuses_natively(tmp):
+    # A cap reproduces a small device's OOM natively on a large one: 64 MiB device, 16 MiB cap.
+    args = [program("oom_cases"), "cap"]
+    env = {"CUDADOUBLE_MEM": "64M", "POOLSHIM_BACKTRACE": "8", "POOLSHIM_LIMIT": "16M", "POOLSHIM_MODE": "observe"}
+    observed = run(args, True, tmp, env)
+    expect_equal(observed.rc, 3, f"exit status\n{observed.describe()}")
+    expect_equal(observed.out, "meminfo: free 4 MiB of 16 MiB\nallocation of 6291456 bytes failed after 3: "
+                               "cudaErrorMemoryAllocation\n", "the cap as the device, the native error")
+    o = records_of(one_log(tmp), "oom")[0]
+    expect_equal((o["mode"], o["verdict"], o["cap_bytes"], o["used_bytes"]), ("observe", "cap", 16 * MiB, 12 * MiB),
+                 "mode, verdict, cap, tracked")
+    expect(top_function(o["site"]).startswith("(anonymous namespace)::allocate_layer"), o["site"])
+
+
+@case
 def case_report_names_file_and_line_of_call_sites(tmp):
     shim, records, o = oom_case(tmp, "fragmentation", {"CUDADOUBLE_MEM": "32M"})
     report = subprocess.run([os.path.join(ROOT, "scripts", "poolshim-report"), logs(tmp)[0]], capture_output=True,

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
         std::mt19937_64 rng(static_cast<unsigned>(t + 1));
         std::uniform_real_distribution<double> log_size(std::log(256.0), std::log(4194304.0));
         auto next_size = [&] { return static_cast<size_t>(std::exp(log_size(rng))); };
-        auto real_alloc = [](size_t) { return RealResult::error; };
+        auto real_alloc = [](size_t, CUdeviceptr*) { return RealResult::error; };
         auto real_free = [](void*) { return RealResult::error; };
         std::vector<CUdeviceptr> live(16);
         for (auto& p : live) router.allocate_async(0, next_size(), stream, &p, real_alloc);

@@ -319,8 +319,8 @@ class BadInput(unittest.TestCase):
         self.assertIn("binary.jsonl:1: not UTF-8 text", self.fails(path))
 
     def test_newer_schema(self):
-        path = write_temp(self, "v2.jsonl", '{"schema":2,"type":"start","t":0,"pid":1}\n')
-        self.assertIn("v2.jsonl:1: schema 2; this tool reads schema 1", self.fails(path))
+        path = write_temp(self, "v3.jsonl", '{"schema":3,"type":"start","t":0,"pid":1}\n')
+        self.assertIn("v3.jsonl:1: schema 3; this tool reads schemas 1 and 2", self.fails(path))
 
     def test_a_field_of_the_wrong_type_names_its_line(self):
         with open(fixture("normal.jsonl"), encoding="utf-8") as f:

@@ -88,12 +88,17 @@ struct Rig {
       : d(devices, bytes_each), config(std::move(c)), router(d.api, config, events) {}
 };
 
-/// Calls a stand-in for the real allocation function, with the size asked when it takes one.
+/// Calls a stand-in for the real allocation function, with the size asked when it takes one,
+/// and where the address it serves goes when it takes that too (else the address is 0).
 template <typename F>
-RealResult call_real(F& real, std::size_t bytes) {
-  if constexpr (std::is_invocable_v<F&, std::size_t>) {
+RealResult call_real(F& real, std::size_t bytes, CUdeviceptr* native) {
+  if constexpr (std::is_invocable_v<F&, std::size_t, CUdeviceptr*>) {
+    return real(bytes, native);
+  } else if constexpr (std::is_invocable_v<F&, std::size_t>) {
+    *native = 0;
     return real(bytes);
   } else {
+    *native = 0;
     return real();
   }
 }
@@ -102,14 +107,14 @@ RealResult call_real(F& real, std::size_t bytes) {
 template <typename F>
 void* sync_alloc(Router& router, int device, std::size_t bytes, F&& real) {
   CUdeviceptr p = 0;
-  auto adapt = [&](std::size_t n) { return call_real(real, n); };
+  auto adapt = [&](std::size_t n, CUdeviceptr* native) { return call_real(real, n, native); };
   return router.allocate_sync(device, bytes, &p, adapt) ? reinterpret_cast<void*>(p) : nullptr;
 }
 
 template <typename F>
 void* async_alloc(Router& router, int device, std::size_t bytes, CUstream stream, F&& real) {
   CUdeviceptr p = 0;
-  auto adapt = [&](std::size_t n) { return call_real(real, n); };
+  auto adapt = [&](std::size_t n, CUdeviceptr* native) { return call_real(real, n, native); };
   return router.allocate_async(device, bytes, stream, &p, adapt) ? reinterpret_cast<void*>(p)
                                                                  : nullptr;
 }
@@ -123,9 +128,14 @@ struct RealStub {
     ++calls;
     return result;
   }
-  RealResult operator()(std::size_t bytes) {
+  // A real allocation: on success it "serves" an address of its own (counting up from
+  // native_next in 1 MiB steps), which the core may track.
+  CUdeviceptr native_next = CUdeviceptr{0x7f0000000000};
+  RealResult operator()(std::size_t bytes, CUdeviceptr* native) {
     last_request = bytes;
-    return (*this)();
+    const RealResult r = (*this)();
+    *native = r == RealResult::success ? (native_next += CUdeviceptr{1} << 20) : 0;
+    return r;
   }
   void* last_pointer = nullptr;  // what a real free was called for
   RealResult operator()(void* ptr) {

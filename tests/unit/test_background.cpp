@@ -106,7 +106,7 @@ TEST_CASE("worker: start, sample and exit records with the pool's figures") {
 
   const auto lines = read_lines(path);
   REQUIRE(lines.size() == 5);  // start, warning, sample, final sample, exit
-  CHECK(has(lines[0], "{\"schema\":1,\"type\":\"start\""));
+  CHECK(has(lines[0], "{\"schema\":2,\"type\":\"start\""));
   CHECK(has(lines[0], "\"pid\":4242"));
   CHECK(has(lines[0], "\"command_line\":[\"prog\",\"arg\"]"));
   CHECK(has(lines[0], "\"sample_ms\":\"1000\""));

@@ -595,3 +595,89 @@ TEST_CASE("router: POOLSHIM_LIMIT_<device> caps that device only") {
   CHECK(sync_alloc(router, 1, 10 * MiB, refused) == nullptr);
   CHECK(refused.last_request == kRefusedRequest);
 }
+
+TEST_CASE("router: in observe mode cudaMalloc and cudaFree go to the real functions, tracked") {
+  Config c = Config::defaults();
+  c.mode = "observe";
+  Rig rig(1, 64 * MiB, c);
+  auto& [d, config, events, router] = rig;
+  RealStub real;
+  CUdeviceptr p = 0;
+  CHECK_FALSE(router.allocate_sync(0, 1000, &p, real));
+  CHECK(p == 0);  // the application's pointer is the real function's
+  CHECK(real.calls == 1);
+  CHECK(real.last_request == 1000);
+  CHECK(router.allocate_async(0, 3000, nullptr, &p, real) == false);
+  CHECK(d.calls("cuMemAllocFromPoolAsync") == 0);
+  CHECK(d.calls("cuMemPoolCreate") == 0);  // observe mode makes no pool
+  DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.observe);
+  CHECK(s.native_bytes == 4000);
+  CHECK(s.native_allocs == 2);
+  CHECK(s.stats.allocs == 2);
+  CHECK(s.stats.async_allocs == 1);
+  CHECK(s.stats.requested_bytes.current == 4000);
+  CHECK(s.pool.reserved == 0);
+  CHECK(router.live_allocations().size() == 2);
+  CHECK(router.pooled_allocations() == 0);
+  const auto first = reinterpret_cast<void*>(real.native_next - MiB);  // the first address
+  router.free_sync(first, 0, real);
+  CHECK(real.last_pointer == first);
+  CHECK(real.calls == 3);
+  s = router.snapshot(0);
+  CHECK(s.native_bytes == 3000);
+  CHECK(s.native_bytes_peak == 4000);
+  CHECK(s.stats.frees == 1);
+  CHECK(s.stats.requested_bytes.current == 3000);
+}
+
+TEST_CASE("router: in observe mode the cap refuses natively and reports an out-of-memory") {
+  Config c = Config::defaults();
+  c.mode = "observe";
+  c.limit = SizeValue{16 * MiB};
+  Rig rig(1, 64 * MiB, c);
+  auto& [d, config, events, router] = rig;
+  RealStub real;
+  CUdeviceptr p = 0;
+  router.allocate_sync(0, 12 * MiB, &p, real);
+  CHECK(real.last_request == 12 * MiB);
+  real.result = RealResult::out_of_memory;  // what the real function says to kRefusedRequest
+  router.allocate_sync(0, 6 * MiB, &p, real);
+  CHECK(real.last_request == kRefusedRequest);
+  CHECK(router.cap(0) == 16 * MiB);
+  std::size_t free = 60 * MiB;
+  std::size_t total = 64 * MiB;
+  router.adjust_memory_info(0, &free, &total);
+  CHECK(free == 4 * MiB);
+  CHECK(total == 16 * MiB);
+  const auto ev = drain(events);
+  REQUIRE(ev.size() == 1);
+  CHECK(ev[0].oom.observe);
+  CHECK(ev[0].oom.request == 6 * MiB);
+  CHECK(ev[0].oom.used == 12 * MiB);
+  CHECK(ev[0].oom.cap == 16 * MiB);
+  CHECK(std::string(oom_verdict(ev[0].oom)) == "cap");
+  const DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.stats.ooms == 1);
+  CHECK(s.native_bytes == 12 * MiB);
+}
+
+TEST_CASE("router: a pass-through allocation in pool mode is tracked in bytes, not pooled") {
+  Rig rig(1, 64 * MiB);
+  auto& [d, config, events, router] = rig;
+  router.set_app_pool(0, true);  // its cudaMallocAsync calls pass through
+  RealStub real;
+  CUdeviceptr p = 0;
+  CHECK_FALSE(router.allocate_async(0, 5000, nullptr, &p, real));
+  DeviceSnapshot s = router.snapshot(0);
+  CHECK(s.native_bytes == 5000);
+  CHECK(s.native_allocs == 1);
+  CHECK(s.stats.requested_bytes.current == 0);
+  CHECK(s.stats.passthrough_allocs == 1);
+  router.free_async(reinterpret_cast<void*>(real.native_next), nullptr, real);
+  CHECK(real.last_pointer == reinterpret_cast<void*>(real.native_next));
+  s = router.snapshot(0);
+  CHECK(s.native_bytes == 0);
+  CHECK(s.native_bytes_peak == 5000);
+  CHECK(s.stats.frees == 0);
+}
