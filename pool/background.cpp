@@ -224,7 +224,13 @@ void BackgroundWorker::write_oom(const OomReport& r) {
   }
   details.largest = largest(live, 10);
   details.by_site = group_by_site(live, 10);
-  details.histogram = router_.snapshot(r.device).stats.histogram;
+  const DeviceSnapshot snap = router_.snapshot(r.device);
+  details.histogram = snap.stats.histogram;
+  details.native_bytes = snap.native_bytes;
+  details.vmm_bytes = snap.vmm.physical_bytes.current;
+  details.vmm_sites = router_.vmm().top_sites(r.device, 5);
+  details.other_bytes = other_bytes(snap);
+  details.other_known = snap.device_info_valid;
   details.now_ns = coarse_now_ns();
   for (const auto& d : devices_) {
     if (d.ordinal == r.device) details.device_name = d.name;
@@ -308,6 +314,7 @@ void BackgroundWorker::final_records(const ExitExtras& extras) {
   const std::uint64_t now = now_ns();
   for (int device : router_.active_devices()) {
     summary.devices.push_back(router_.snapshot(device));
+    summary.vmm_sites.push_back(router_.vmm().top_sites(device, 10));
     write(sample_record(t(now), info_.pid, summary.devices.back()));
   }
   write_prometheus(summary.devices);

@@ -18,6 +18,10 @@ std::uint64_t NativeLedger::cap(int device) const {
   return valid(device) ? devices_[device].cap.load(std::memory_order_acquire) : 0;
 }
 
+bool NativeLedger::cap_known(int device) const {
+  return !valid(device) || devices_[device].cap_set.load(std::memory_order_acquire);
+}
+
 bool NativeLedger::admit(int device, std::uint64_t bytes) {
   if (!valid(device)) return true;
   Device& d = devices_[device];

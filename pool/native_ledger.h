@@ -21,6 +21,8 @@ class NativeLedger {
   /// Sets `device`'s cap in bytes (0: none), once: later calls change nothing. Returns the cap.
   std::uint64_t set_cap_once(int device, std::uint64_t cap);
   std::uint64_t cap(int device) const;
+  /// Whether set_cap_once was called for `device` (true outside 0..63: nothing to set there).
+  bool cap_known(int device) const;
   /// Counts `bytes` on `device` before the real call; false (nothing counted) when the live
   /// bytes would pass the cap. Concurrent admissions never pass it together.
   bool admit(int device, std::uint64_t bytes);

@@ -38,6 +38,17 @@ std::string histogram_json(const std::array<std::uint64_t, kHistogramBuckets>& h
   return o.str();
 }
 
+}  // namespace
+
+std::uint64_t other_bytes(const DeviceSnapshot& s) {
+  if (!s.device_info_valid || s.device_total < s.device_free) return 0;
+  const std::uint64_t used = s.device_total - s.device_free;
+  const std::uint64_t known = s.pool.reserved + s.native_bytes + s.vmm.physical_bytes.current;
+  return used > known ? used - known : 0;
+}
+
+namespace {
+
 // The figures of one device, shared by `sample` records and the `exit` record.
 void add_device_fields(JsonObject& o, const DeviceSnapshot& s) {
   o.add("device", s.device);
@@ -59,13 +70,23 @@ void add_device_fields(JsonObject& o, const DeviceSnapshot& s) {
   }
   o.add("native_bytes", s.native_bytes).add("native_bytes_peak", s.native_bytes_peak);
   o.add("native_allocs", s.native_allocs);
+#define POOLSHIM_ADD_VMM_GAUGE(name, meaning)     \
+  o.add("vmm_" #name, s.vmm.name.current)         \
+      .add("vmm_" #name "_peak", s.vmm.name.peak) \
+      .add("vmm_" #name "_total", s.vmm.name.total);
+  POOLSHIM_VMM_GAUGES(POOLSHIM_ADD_VMM_GAUGE)
+#undef POOLSHIM_ADD_VMM_GAUGE
+#define POOLSHIM_ADD_VMM_COUNTER(name, meaning) o.add("vmm_" #name, s.vmm.name);
+  POOLSHIM_VMM_COUNTERS(POOLSHIM_ADD_VMM_COUNTER)
+#undef POOLSHIM_ADD_VMM_COUNTER
   o.add("cached_bytes", s.cached_bytes).add("cached_bytes_peak", s.cached_bytes_peak);
   o.add("pool_slack", pool_slack(s.pool, s.cached_bytes));
   o.add("rounding_waste", rounding_waste(s.pool, s.cached_bytes, s.stats.requested_bytes.current));
   if (s.device_info_valid) {
     o.add("device_free", s.device_free).add("device_total", s.device_total);
+    o.add("other_bytes", other_bytes(s));
   } else {
-    o.add_null("device_free").add_null("device_total");
+    o.add_null("device_free").add_null("device_total").add_null("other_bytes");
   }
   o.add_raw("size_histogram", histogram_json(s.stats.histogram));
 }
@@ -233,6 +254,19 @@ std::string groups_json(const std::vector<SiteGroup>& groups, const SiteJson& si
 
 }  // namespace
 
+namespace {
+std::string vmm_sites_json(const std::vector<VmmSiteBytes>& sites, const SiteJson& site_json) {
+  std::vector<std::string> rows;
+  for (const auto& s : sites) {
+    JsonObject o;
+    o.add_raw("site", site_json(s.site));
+    o.add("bytes", s.bytes);
+    rows.push_back(o.str());
+  }
+  return json_array(rows);
+}
+}  // namespace
+
 std::string oom_record(double t, int pid, const OomReport& r, const OomDetails& details,
                        const SiteJson& site_json) {
   JsonObject o = header("oom", t, pid);
@@ -264,6 +298,13 @@ std::string oom_record(double t, int pid, const OomReport& r, const OomDetails& 
   o.add_raw("largest", json_array(rows));
   o.add_raw("by_site", groups_json(details.by_site, site_json));
   o.add_raw("size_histogram", histogram_json(details.histogram));
+  o.add("native_bytes", details.native_bytes).add("vmm_bytes", details.vmm_bytes);
+  o.add_raw("vmm_by_site", vmm_sites_json(details.vmm_sites, site_json));
+  if (details.other_known) {
+    o.add("other_bytes", details.other_bytes);
+  } else {
+    o.add_null("other_bytes");
+  }
   return o.str();
 }
 
@@ -328,6 +369,20 @@ std::string oom_text(const OomReport& r, const OomDetails& details, const SiteTe
     histogram += std::to_string(details.histogram[k]) + " x " + format_bytes(1ULL << k) + "+";
   }
   if (!histogram.empty()) line("sizes", histogram);
+  if (details.vmm_bytes > 0) {
+    const std::string at =
+        details.vmm_sites.empty() ? std::string() : site_text(details.vmm_sites[0].site);
+    line("vmm", format_bytes(details.vmm_bytes) + " made by the application (cuMemCreate)" +
+                    (at.empty() ? "" : ", most from " + at));
+  }
+  if (!r.observe && details.native_bytes > 0) {
+    line("passed", format_bytes(details.native_bytes) + " in allocations passed through");
+  }
+  if (details.other_known) {
+    line("other", format_bytes(details.other_bytes) +
+                      " of the device's used memory is none of the above (contexts, libraries, "
+                      "other processes)");
+  }
   line("verdict", oom_verdict(r));
   line("hint", oom_hint(r));
   return out;
@@ -337,10 +392,14 @@ std::string exit_record(double t, int pid, const ExitSummary& summary, const Sit
   JsonObject o = header("exit", t, pid);
   std::uint64_t pooled = 0;
   std::vector<std::string> devs;
-  for (const auto& d : summary.devices) {
+  for (std::size_t i = 0; i < summary.devices.size(); ++i) {
+    const DeviceSnapshot& d = summary.devices[i];
     if (!d.observe) pooled += d.stats.allocs;  // observe mode tracks them, pooling none
     JsonObject dj;
     add_device_fields(dj, d);
+    if (i < summary.vmm_sites.size()) {
+      dj.add_raw("vmm_by_site", vmm_sites_json(summary.vmm_sites[i], site_json));
+    }
     devs.push_back(dj.str());
   }
   o.add("pooled_allocs", pooled);

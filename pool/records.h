@@ -60,6 +60,14 @@ struct OomDetails {
   std::array<std::uint64_t, kHistogramBuckets> histogram{};
   std::uint64_t now_ns = 0;  // coarse monotonic, to age them
   std::string device_name;
+  // The device's other memory when the record is written (milliseconds after the failure):
+  // tracked native bytes, the application's VMM physical bytes with their top call sites, and
+  // the rest of the device's used memory (other_bytes; other_known false when unknown).
+  std::uint64_t native_bytes = 0;
+  std::uint64_t vmm_bytes = 0;
+  std::vector<VmmSiteBytes> vmm_sites;  // at most 5
+  std::uint64_t other_bytes = 0;
+  bool other_known = false;
 };
 
 std::string start_record(double t, const ProcessInfo& info, const Config& config,
@@ -81,6 +89,7 @@ struct ExitExtras {
 
 struct ExitSummary {
   std::vector<DeviceSnapshot> devices;
+  std::vector<std::vector<VmmSiteBytes>> vmm_sites;  // per entry of `devices`: live VMM by site
   std::vector<LiveAllocation> live;  // the leaks: pooled allocations still live at exit
   std::uint64_t now_ns = 0;          // coarse monotonic, to age the leaks
   std::uint64_t events_dropped = 0;
@@ -98,6 +107,10 @@ double rounding_waste(const PoolUsage& u, std::uint64_t cached, std::uint64_t re
 
 /// "exhausted" or "fragmentation" (memory held or free but not usable for the request).
 const char* oom_verdict(const OomReport& r);
+/// The device's used memory (cuMemGetInfo: total - free, every process) that is neither the
+/// pool's, nor tracked native allocations, nor the application's VMM memory: contexts,
+/// libraries, untracked calls, other processes. 0 when the device's figures are unknown.
+std::uint64_t other_bytes(const DeviceSnapshot& s);
 /// One line: what to change.
 std::string oom_hint(const OomReport& r);
 

@@ -956,12 +956,29 @@ void Router::before_device_reset(int device) {
     if ((a.flags & Allocation::kNative) == 0 || observe_) s.on_dropped(a.requested);
   });
   natives_.forget_device(device);
+  vmm_.drop_device(device);
 }
 
 // ---- allocations the real function served, tracked (observe mode, pass-through) ----------
 
+void Router::note_vmm_create(std::uint64_t handle, std::size_t bytes,
+                             const CUmemAllocationProp* prop) {
+  if (prop == nullptr || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return;
+  const int device = prop->location.id;
+  vmm_.record_create(handle, bytes, device, capture_site());
+  if (!valid_device(device)) return;
+  note_current_context(device);
+  ever_used_[device].store(true, std::memory_order_release);
+}
+
+void Router::note_current_context(int device) {
+  if (natives_.context(device) != nullptr) return;
+  CUcontext current = nullptr;
+  if (driver_.cuCtxGetCurrent(&current) == CUDA_SUCCESS) natives_.note_context(device, current);
+}
+
 void Router::observe_device(int device) {
-  if (ever_used_[device].load(std::memory_order_acquire)) return;
+  if (natives_.cap_known(device)) return;
   // The cap as the pool would take it: POOLSHIM_LIMIT_<device> over POOLSHIM_LIMIT, a share of
   // the device's memory resolved against it, and a cap the device cannot reach is none.
   const auto own = config_.device_limits.find(device);
@@ -1009,10 +1026,7 @@ bool Router::observe_allocation(int device, std::size_t bytes, CUstream stream, 
     }
     return false;
   }
-  if (natives_.context(device) == nullptr) {
-    CUcontext current = nullptr;
-    if (driver_.cuCtxGetCurrent(&current) == CUDA_SUCCESS) natives_.note_context(device, current);
-  }
+  note_current_context(device);
   natives_.made(device);
   table_.insert(native, Allocation{bytes, bytes, coarse_now_ns(),
                                    async ? reinterpret_cast<std::uintptr_t>(stream) : 0, device,
@@ -1030,6 +1044,7 @@ RealResult Router::pass_through(int device, std::size_t bytes, CUstream stream, 
   // Pool mode sets no cap in natives_: the admission only counts.
   if (r == RealResult::success && native != 0 && valid_device(device) &&
       natives_.admit(device, bytes)) {
+    note_current_context(device);
     natives_.made(device);
     table_.insert(native, Allocation{bytes, bytes, coarse_now_ns(),
                                      async ? reinterpret_cast<std::uintptr_t>(stream) : 0, device,
@@ -1092,14 +1107,16 @@ DeviceSnapshot Router::snapshot(int device) const {
   snap.native_bytes_peak = natives_.peak_bytes(device);
   snap.native_allocs = natives_.live_count(device);
   snap.observe = observe_;
-  if (observe_) {
+  snap.vmm = vmm_.snapshot(device);
+  const DevicePool* pool = observe_ ? nullptr : existing_pool(device);
+  if (pool == nullptr) {
+    // No pool (observe mode, or only the application's own calls so far): the device's figures
+    // in the context its first tracked call was made in.
     snap.cap = natives_.cap(device);
     snap.device_info_valid =
         device_memory(natives_.context(device), &snap.device_free, &snap.device_total);
     return snap;
   }
-  const DevicePool* pool = existing_pool(device);
-  if (pool == nullptr) return snap;
   snap.pool = pool->usage();
   snap.cached_bytes = pool->heap().free_bytes();
   snap.cached_bytes_peak = pool->heap().free_peak();

@@ -27,6 +27,7 @@
 #include "peer_access.h"
 #include "stats.h"
 #include "stream_registry.h"
+#include "vmm_ledger.h"
 
 namespace poolshim {
 
@@ -68,7 +69,8 @@ struct DeviceSnapshot {
   std::uint64_t native_bytes = 0;
   std::uint64_t native_bytes_peak = 0;
   std::uint64_t native_allocs = 0;
-  bool observe = false;  // POOLSHIM_MODE=observe
+  bool observe = false;   // POOLSHIM_MODE=observe
+  VmmDeviceSnapshot vmm;  // the application's own VMM memory (vmm_ledger.h)
 };
 
 struct DeviceDescription {
@@ -145,6 +147,12 @@ class Router {
   const CallSiteTable& call_sites() const { return sites_; }
   /// The pool's cap of `device` in bytes, 0 when none (or no pool yet).
   std::uint64_t cap(int device) const;
+  /// cuMemCreate made `bytes` of physical memory for the application (`prop` says where): its
+  /// books, with the call site (device memory only; the device is then in use).
+  void note_vmm_create(std::uint64_t handle, std::size_t bytes, const CUmemAllocationProp* prop);
+  /// The books of the application's own VMM memory (release, map, unmap go straight there).
+  VmmLedger& vmm() { return vmm_; }
+  const VmmLedger& vmm() const { return vmm_; }
   /// A legacy IPC export failed: if `ptr` is pooled, say why (once).
   void note_ipc_failure(const void* ptr);
   /// Legacy IPC of pooled memory (ipc_share.h). Writes the 64-byte handle of the pooled block
@@ -329,6 +337,7 @@ class Router {
   // ---- allocations the real function served, tracked (observe mode, pass-through) ----
   bool observe_ = false;  // POOLSHIM_MODE=observe: nothing is pooled
   NativeLedger natives_;
+  VmmLedger vmm_;
   /// Observe mode's allocation: the real function serves it (past the cap it fails natively,
   /// asked for kRefusedRequest) and it is tracked as a pooled one is. Returns false: the
   /// application's pointer is the real function's.
@@ -342,6 +351,8 @@ class Router {
   /// the table otherwise.
   /// `async`: a cudaFreeAsync.
   void free_native(std::uintptr_t key, const Allocation& a, Fallback real, bool async);
+  /// Remembers the current context as `device`'s (natives_), for the device's figures later.
+  void note_current_context(int device);
   /// The cap of `device` in observe mode, resolved against the device's memory at first use.
   void observe_device(int device);
   /// Observe mode's OOM report: the tracked bytes are all the shim holds (reserved = used).

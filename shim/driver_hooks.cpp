@@ -89,6 +89,10 @@ namespace {
   X(cuIpcOpenMemHandle, decltype(::cuIpcOpenMemHandle_v2))                     \
   X(cuIpcOpenMemHandle_v2, decltype(::cuIpcOpenMemHandle_v2))                  \
   X(cuIpcCloseMemHandle, decltype(::cuIpcCloseMemHandle))                      \
+  X(cuMemCreate, decltype(::cuMemCreate))                                      \
+  X(cuMemRelease, decltype(::cuMemRelease))                                    \
+  X(cuMemMap, decltype(::cuMemMap))                                            \
+  X(cuMemUnmap, decltype(::cuMemUnmap))                                        \
   X(cuGetProcAddress, decltype(::cuGetProcAddress))                            \
   X(cuGetProcAddress_v2, decltype(::cuGetProcAddress_v2))
 
@@ -590,6 +594,46 @@ POOLSHIM_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned i
     poolshim::shim::note_peer_access(static_cast<int>(from), static_cast<int>(to),
                                      poolshim::shim::router_if_running());
   }
+  return r;
+}
+
+// Virtual-memory calls of the application (JAX's platform allocator, PyTorch's
+// expandable_segments, NCCL): the real call, then its books (pool/vmm_ledger.h), never pooled.
+// The pool's own calls go to the driver directly and never reach these.
+POOLSHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                                     const CUmemAllocationProp* prop, unsigned long long flags) {
+  HookScope scope;
+  const CUresult r = real::cuMemCreate()(handle, size, prop, flags);
+  Router* router = r == CUDA_SUCCESS && scope.outermost() ? router_for_call() : nullptr;
+  if (router != nullptr && handle != nullptr) router->note_vmm_create(*handle, size, prop);
+  return r;
+}
+
+POOLSHIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  HookScope scope;
+  const CUresult r = real::cuMemRelease()(handle);
+  Router* router =
+      r == CUDA_SUCCESS && scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
+  if (router != nullptr) router->vmm().record_release(handle);
+  return r;
+}
+
+POOLSHIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                                  CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  HookScope scope;
+  const CUresult r = real::cuMemMap()(ptr, size, offset, handle, flags);
+  Router* router =
+      r == CUDA_SUCCESS && scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
+  if (router != nullptr) router->vmm().record_map(ptr, size, handle);
+  return r;
+}
+
+POOLSHIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  HookScope scope;
+  const CUresult r = real::cuMemUnmap()(ptr, size);
+  Router* router =
+      r == CUDA_SUCCESS && scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
+  if (router != nullptr) router->vmm().record_unmap(ptr, size);
   return r;
 }
 

@@ -279,6 +279,27 @@ def case_observe_mode_cap_refuses_natively(tmp):
 
 
 @case
+def case_vmm_memory_of_the_application_is_in_the_log(tmp):
+    # Three 8 MiB cuMemCreate handles mapped, one released while mapped (freed at its unmap),
+    # one kept at exit: the log has the physical bytes, their peak and their call site.
+    args = [program("vmm_alloc"), "keep"]
+    native, shim = differential(args, tmp, {"POOLSHIM_BACKTRACE": "8"})
+    expect_equal(shim.out.splitlines()[-1], "unmap 0, in use 8 MiB, one handle kept", "the program's own view")
+    ex, d = exit_device(one_log(tmp))
+    expect_equal((d["vmm_physical_bytes"], d["vmm_physical_bytes_peak"], d["vmm_physical_bytes_total"]),
+                 (8 * MiB, 24 * MiB, 24 * MiB), "physical bytes: at exit, peak, total")
+    expect_equal((d["vmm_mapped_bytes"], d["vmm_mapped_bytes_peak"]), (8 * MiB, 24 * MiB), "mapped bytes")
+    expect_equal(d["vmm_released_mapped_bytes_total"], 8 * MiB, "released while mapped")
+    expect_equal((d["vmm_creates"], d["vmm_releases"], d["vmm_maps"], d["vmm_unmaps"]), (3, 2, 3, 2), "calls")
+    expect_equal((d["native_bytes"], d["reserved_bytes"], d["pooled_allocs"] if "pooled_allocs" in d else 0),
+                 (0, 0, 0), "nothing pooled or passed through")
+    expect_equal(d["other_bytes"], 0, "the double's used memory is all VMM")
+    sites = ex["devices"][0]["vmm_by_site"]
+    expect_equal([s["bytes"] for s in sites], [8 * MiB], "live VMM bytes by call site")
+    expect(top_function(sites[0]["site"]).startswith("(anonymous namespace)::make_physical"), sites[0])
+
+
+@case
 def case_report_names_file_and_line_of_call_sites(tmp):
     shim, records, o = oom_case(tmp, "fragmentation", {"CUDADOUBLE_MEM": "32M"})
     report = subprocess.run([os.path.join(ROOT, "scripts", "poolshim-report"), logs(tmp)[0]], capture_output=True,
@@ -1043,21 +1064,21 @@ def case_file_size_limit_stops_the_log_not_the_program(tmp):
     (exit status 153). Now the log stops before a record would be cut, with one warning."""
     limited = [sys.executable, "-c",
                # Python ignores SIGXFSZ, and exec would pass that on: the default for the program.
-               "import os, resource, signal, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (6000, 6000)); "
+               "import os, resource, signal, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (9000, 9000)); "
                "signal.signal(signal.SIGXFSZ, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])",
-               program("churn"), "100000", "16", "65536"]
+               program("churn"), "300000", "16", "65536"]
     log = os.path.join(tmp, "log-%p.jsonl")
     native = run(limited, False, tmp)
     shim = run(limited, True, tmp, {"POOLSHIM_SAMPLE_MS": "1", "POOLSHIM_LOG": log}, timeout=120)
-    # 6000 bytes: the start record and a few samples (a run makes about 20 KB of them; with 16
-    # KiB a fast run sometimes ended first).
-    compare(["churn with a 6000-byte file-size limit"], native, shim)
+    # 9000 bytes: the start record and five samples of about 1.3 KB (a run makes tens of KB of
+    # them; with 16 KiB a fast run sometimes ended first).
+    compare(["churn with a 9000-byte file-size limit"], native, shim)
     expect_equal(shim.rc, 0, "exit status")
     path = logs(tmp)[0]
-    message = f"cannot write log {path}: it reached the file-size limit (ulimit -f: 6000 bytes); logging stops"
+    message = f"cannot write log {path}: it reached the file-size limit (ulimit -f: 9000 bytes); logging stops"
     expect_equal(warnings_of(shim, message), 1, f"the warning in\n{shim.err}")
     records = poolshim_log.read_log(path)  # every line whole
-    expect(os.path.getsize(path) <= 6000, f"the log grew past the limit: {os.path.getsize(path)}")
+    expect(os.path.getsize(path) <= 9000, f"the log grew past the limit: {os.path.getsize(path)}")
     expect(len(records_of(records, "sample")) > 3, "samples before the limit")
 
 
