@@ -55,6 +55,7 @@ DRIVER_PROGRAMS = {  # no CUDA runtime at all
     "driver_linked": ("tests/programs/driver_linked.cpp", ["-lcuda"]),
     "proc_address": ("tests/programs/proc_address.cpp", ["-ldl"]),
     "per_thread_calls": ("tests/programs/per_thread_calls.cpp", ["-lcuda", "-ldl"]),
+    "vmm_alloc": ("tests/programs/vmm_alloc.cpp", ["-ldl"]),
 }
 RUNTIMES = ("shared", "static")
 
@@ -457,6 +458,56 @@ class Suite:
             expect_equal((result.rc, result.out), (0, "dlclose -> 0\nafter dlclose\n"), result.describe())
         self.case("dlclose of a dlopen'ed shim returns [shared]", dlclose)
 
+    def run_observe_cases(self):
+        """Observe mode (issue 15): the differential programs with every call native and tracked,
+        a capped OOM naming its call site, and the application's own VMM memory in the log."""
+        observe = {"POOLSHIM_MODE": "observe"}
+        for runtime in RUNTIMES:
+            for name, args in (("api_edges", []), ("churn", ["2000", "64"]), ("demo", ["100"]),
+                               ("threads", []), ("kernels_diff", ["fault"]), ("kernels_diff_ptds", ["fault"]),
+                               ("capture_threads", []), ("oom_exit", [])):
+                def differential(runtime=runtime, name=name, args=args):
+                    native, shim, logs = self.differential(f"observe-{name}-{runtime}",
+                                                           [self.binary(name, runtime)] + args, observe)
+                    main = [l for l in logs if exit_device(l)[1]["allocs"] > 0] or logs
+                    ex, d = exit_device(main[0])
+                    expect_equal(ex["pooled_allocs"], 0, "pooled in observe mode")
+                    expect_equal((d["reserved_bytes_peak"], d["cached_bytes_peak"]), (0, 0), "no pool")
+                    expect(d["allocs"] > 0 and d["native_bytes_peak"] > 0, f"nothing tracked: {d}")
+                    return (f"rc {shim.rc}, {d['allocs']} tracked, peak {d['native_bytes_peak']} B, "
+                            f"other {d['other_bytes']} B")
+                self.case(f"observe mode: {name} {' '.join(args)} as natively [{runtime}]", differential)
+
+            def capped(runtime=runtime):
+                args = [self.binary("oom_cases", runtime), "layers", "256"]
+                # Not a differential: natively the layers fill the whole device, under the cap 8
+                # GiB, as on an 8 GiB GPU (the real function refuses the layer past the cap).
+                folder = self.logdir(f"observe-oom-cap-{runtime}")
+                env = with_shim(self.env(dict(observe, POOLSHIM_LIMIT="8G", POOLSHIM_BACKTRACE="16")),
+                                self.library, os.path.join(folder, "log-%p.jsonl"))
+                shim = run_process(args, env, 300)
+                expect_equal(shim.rc, 3, f"exit status\n{shim.describe()}")
+                held = int(shim.out.split("failed after ")[1].split(":")[0])
+                expect_equal(held, 32, f"256 MiB layers held under an 8 GiB cap: {shim.out}")
+                logs = [poolshim_log.read_log(p) for p in logs_in(folder)]
+                o = records_of(logs[0], "oom")[0]
+                expect_equal((o["mode"], o["verdict"], o["cap_bytes"]), ("observe", "cap", 8 << 30), "mode, verdict, cap")
+                top = poolshim_log.site_text(o["site"])
+                expect(top.startswith("(anonymous namespace)::allocate_layer"), f"top call site: {top}")
+                return f"{shim.out.strip()}; OOM at {o['used_bytes']} B tracked, from {top}"
+            self.case(f"observe mode: OOM under POOLSHIM_LIMIT=8G, its call site named [{runtime}]", capped)
+
+        def vmm():
+            native, shim, logs = self.differential("observe-vmm", [self.binary("vmm_alloc", "none"), "keep"],
+                                                   {"POOLSHIM_BACKTRACE": "8"})
+            ex, d = exit_device(logs[0])
+            expect_equal((d["vmm_physical_bytes"], d["vmm_physical_bytes_peak"]), (8 << 20, 24 << 20), "VMM bytes")
+            expect_equal(d["vmm_released_mapped_bytes_total"], 8 << 20, "released while mapped")
+            top = poolshim_log.site_text(ex["devices"][0]["vmm_by_site"][0]["site"])
+            expect(top.startswith("(anonymous namespace)::make_physical"), f"VMM call site: {top}")
+            return f"{shim.out.splitlines()[-1]}; other {d['other_bytes']} B; from {top}"
+        self.case("the application's own VMM memory is in the log, with its call site (real driver)", vmm)
+
     def run_ipc_cases(self):
         """Issue 14 on the real driver: legacy IPC of pooled memory between a parent and its
         child, both ways, with kernels writing and reading the shared buffers, shared and static
@@ -596,6 +647,7 @@ def main():
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--jax", action="store_true", help="also run JAX (about 45 s)")
     parser.add_argument("--only-ipc", action="store_true", help="only the legacy IPC cases (issue 14)")
+    parser.add_argument("--only-observe", action="store_true", help="only the observe-mode cases (issue 15)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     suite = Suite(os.path.realpath(args.build), os.path.realpath(args.out))
@@ -605,12 +657,16 @@ def main():
     suite.results["gpu"] = gpu
     print(f"GPU: {gpu}")
     suite.compile_all()
-    if not args.only_ipc:
+    only = args.only_ipc or args.only_observe
+    if not only:
         suite.run_differential_cases()
-    suite.run_ipc_cases()
-    if not args.skip_bench and not args.only_ipc:
+    if not args.only_observe:
+        suite.run_ipc_cases()
+    if not args.only_ipc:
+        suite.run_observe_cases()
+    if not args.skip_bench and not only:
         suite.case("measure: churn, cudaMalloc/cudaFree with and without the shim", suite.bench_churn)
-    if not args.skip_torch and not args.only_ipc:
+    if not args.skip_torch and not only:
         suite.case("measure: PyTorch uncached with and without the shim", suite.bench_torch)
     with open(os.path.join(args.out, "gpu-results.json"), "w") as f:
         json.dump(suite.results, f, indent=1)
