@@ -1026,12 +1026,7 @@ bool Router::observe_allocation(int device, std::size_t bytes, CUstream stream, 
     }
     return false;
   }
-  note_current_context(device);
-  natives_.made(device);
-  table_.insert(native, Allocation{bytes, bytes, coarse_now_ns(),
-                                   async ? reinterpret_cast<std::uintptr_t>(stream) : 0, device,
-                                   Allocation::kNative | (async ? Allocation::kAsync : 0),
-                                   capture_site(), 0, nullptr});
+  track_native(native, device, bytes, stream, async);
   s.on_alloc(bytes);
   if (async) s.bump(&CounterShard::async_allocs);
   return false;
@@ -1044,14 +1039,19 @@ RealResult Router::pass_through(int device, std::size_t bytes, CUstream stream, 
   // Pool mode sets no cap in natives_: the admission only counts.
   if (r == RealResult::success && native != 0 && valid_device(device) &&
       natives_.admit(device, bytes)) {
-    note_current_context(device);
-    natives_.made(device);
-    table_.insert(native, Allocation{bytes, bytes, coarse_now_ns(),
-                                     async ? reinterpret_cast<std::uintptr_t>(stream) : 0, device,
-                                     Allocation::kNative | (async ? Allocation::kAsync : 0),
-                                     capture_site(), 0, nullptr});
+    track_native(native, device, bytes, stream, async);
   }
   return r;
+}
+
+void Router::track_native(CUdeviceptr ptr, int device, std::size_t bytes, CUstream stream,
+                          bool async) {
+  note_current_context(device);
+  natives_.made(device);
+  table_.insert(ptr, Allocation{bytes, bytes, coarse_now_ns(),
+                                async ? reinterpret_cast<std::uintptr_t>(stream) : 0, device,
+                                Allocation::kNative | (async ? Allocation::kAsync : 0),
+                                capture_site(), 0, nullptr});
 }
 
 void Router::free_native(std::uintptr_t key, const Allocation& a, Fallback real, bool async) {

@@ -347,6 +347,8 @@ class Router {
   /// declined): what it serves is tracked in natives_, never in the pooled figures.
   RealResult pass_through(int device, std::size_t bytes, CUstream stream, bool async,
                           AllocFallback real);
+  /// The table entry of a native allocation at `ptr` that natives_ admitted.
+  void track_native(CUdeviceptr ptr, int device, std::size_t bytes, CUstream stream, bool async);
   /// The real free of the tracked native allocation `a` at `key`; its books on success, back in
   /// the table otherwise.
   /// `async`: a cudaFreeAsync.
