@@ -29,6 +29,11 @@ the summary, per process:
   async, passed through, fallback and failed; out-of-memory errors with verdict, hint and call
   site; leaks at exit by call site; warnings. Bytes are in powers of 1024 (KiB, MiB, GiB).
   A call site is shown by its first frame outside the CUDA libraries and poolshim.
+  Schema 2 logs add memory by owner per device (pool reserved, passed through, the
+  application's own VMM physical memory, other), the VMM memory live at exit by call site, and
+  at each out-of-memory error the mode and the native, VMM and other bytes. A run in observe
+  mode (POOLSHIM_MODE=observe) says so first and shows tracked bytes and allocations instead
+  of the pool's figures (reserved, used, slack, rounding waste, fallbacks).
 
 exit status:
   0  done
@@ -63,11 +68,13 @@ def parser():
                         "warning; every counter (by default a process takes about 40 lines)")
     p.add_argument("--html", metavar="FILE",
                    help="write one self-contained HTML page (no network access: inline CSS, SVG and script): a "
-                        "timeline per device (reserved, used, requested bytes, the cap, OOMs as markers) and "
-                        "tables of processes, OOMs, leaks by call site and warnings")
+                        "timeline per device (reserved, used, requested bytes, the cap, OOMs as markers; native, "
+                        "VMM and other bytes where a schema 2 log has them) and tables of processes, OOMs, leaks "
+                        "and VMM memory by call site and warnings")
     p.add_argument("--perfetto", metavar="FILE",
                    help="write a Chrome trace-event JSON file for ui.perfetto.dev (or chrome://tracing): byte "
-                        "counters per device, OOMs and warnings as instant events, one track per process")
+                        "counters per device (native, VMM physical and other too, for schema 2 logs), OOMs and "
+                        "warnings as instant events, one track per process")
     p.add_argument("--align", choices=("wall", "zero"), default="wall",
                    help="Perfetto time axis: 'wall' (default) places each process at its start time "
                         "(start_unix_s, whole seconds) so that runs and ranks line up; 'zero' starts every "

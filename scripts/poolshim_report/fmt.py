@@ -3,10 +3,13 @@ shares, times and call sites."""
 
 import datetime
 import os
+import re
 
 from poolshim_log import CUDA_RUNTIME_PREFIXES, fmt_bytes, fmt_share  # noqa: F401  (re-exported)
 
 NONE = "-"
+# What every output says first about a run in observe mode (POOLSHIM_MODE=observe).
+OBSERVE_LINE = "observe mode: every allocation went to the real function; nothing was pooled"
 
 # Leading frames in these modules, or in functions with these names (the CUDA runtime linked
 # statically into the program), are the CUDA runtime/driver or poolshim itself: the call site
@@ -123,10 +126,18 @@ def _collapse_templates(text):
     return "".join(out)
 
 
+# What GCC appends to a specialized copy of a function ("f(int) [clone .isra.0]"), and the scope
+# of an anonymous namespace: neither helps to tell call sites apart on one line.
+_CLONE_SUFFIXES = re.compile(r"( \[clone [^\]]*\])+$")
+_ANONYMOUS = "(anonymous namespace)"
+
+
 def short_function(name):
     """A short form of a demangled name for one-line display: no parameters, no return type,
-    template arguments as <...>, the last two scopes: "c10::cuda::Alloc::malloc(void**)" ->
-    "Alloc::malloc". Names it cannot parse (operators, odd brackets) are returned whole."""
+    template arguments as <...>, no clone suffix or anonymous namespace, the last two scopes:
+    "c10::cuda::Alloc::malloc(void**)" -> "Alloc::malloc". Names it cannot parse (operators,
+    odd brackets) are returned whole."""
+    name = _CLONE_SUFFIXES.sub("", name) or name
     if "operator" in name or "lambda" in name or "{" in name:
         return strip_arguments(name)
     text = strip_arguments(name)
@@ -136,7 +147,7 @@ def short_function(name):
     if not words:
         return strip_arguments(name)
     text = words[-1]                       # drop a return type ("void ns::f<int>")
-    scopes = _depth0_split(text, "::")
+    scopes = [s for s in _depth0_split(text, "::") or [] if s != _ANONYMOUS]
     if not scopes:
         return strip_arguments(name)
     return _collapse_templates("::".join(scopes[-2:])) or name

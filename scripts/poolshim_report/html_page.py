@@ -6,8 +6,10 @@ Stable hooks for tests and tools:
   <section class="process" id="run-N-pid-P" data-pid="P">            one per run
   <svg class="timeline" id="tl-N-D" data-pid="P" data-device="D">     one per device of a run
     <polyline class="series reserved|used|requested|cap" points="x,y ...">
+    <polyline class="series native|vmm|other" ...>   schema 2, where a sample has them above 0
+                                                    (observe mode draws no reserved or used)
     <g class="oom-marker" data-verdict="..." data-t="...">            one per OOM on the device
-  <table class="figures|ooms|leaks|warnings|processes|merged-devices|merged-leaks">
+  <table class="figures|ooms|leaks|vmm-sites|warnings|processes|merged-devices|merged-leaks|merged-vmm">
 The script sets data-interactive="1" on every timeline it has wired up.
 """
 
@@ -17,10 +19,12 @@ import json
 import math
 
 from . import fmt
-from .fmt import NONE, fmt_bytes, fmt_bytes_or_none, fmt_count, fmt_duration, fmt_pct, fmt_seconds, fmt_unix
-from .model import verdict_counts_text
+from .fmt import (NONE, OBSERVE_LINE, fmt_bytes, fmt_bytes_or_none, fmt_count, fmt_duration, fmt_pct, fmt_seconds,
+                  fmt_unix)
+from .model import oom_owners_text, oom_pool_text, verdict_counts_text
 
 SERIES = (("reserved", "reserved_bytes"), ("used", "used_bytes"), ("requested", "requested_bytes"))
+OBSERVE_SERIES = (("requested", "requested_bytes"),)   # nothing pooled: no reserved or used bytes
 UNITS = (("TiB", 1024 ** 4), ("GiB", 1024 ** 3), ("MiB", 1024 ** 2), ("KiB", 1024), ("B", 1))
 
 # Chart geometry (SVG user units; the SVG scales to the width of its box).
@@ -87,9 +91,9 @@ def _seconds_label(t):
 MAX_POINTS = 1600   # samples drawn per chart; longer runs keep each stretch's first, last, lowest, highest
 
 
-def _thin(rows, limit=MAX_POINTS):
+def _thin(rows, series=SERIES, limit=MAX_POINTS):
     """`rows` (in time order) cut down to about `limit`, keeping in each stretch the first and
-    last row and those with the lowest and highest value of each series, so that no peak is lost."""
+    last row and those with the lowest and highest value of each of `series`, so that no peak is lost."""
     if len(rows) <= limit:
         return rows
     buckets = max(limit // 8, 1)
@@ -98,7 +102,7 @@ def _thin(rows, limit=MAX_POINTS):
     for start in range(0, len(rows), size):
         chunk = range(start, min(start + size, len(rows)))
         keep.update((chunk[0], chunk[-1]))
-        for _, field in SERIES:
+        for _, field in series:
             values = [(rows[i].get(field), i) for i in chunk if isinstance(rows[i].get(field), (int, float))]
             if values:
                 keep.add(min(values)[1])
@@ -115,10 +119,19 @@ def _points(rows, field):
     return out
 
 
+def chart_series(run, device):
+    """(class, name, field) of the lines of a device's timeline: the pool's, then the owners' that
+    are above zero somewhere (schema 2)."""
+    pool = [(name, name, field) for name, field in (OBSERVE_SERIES if run.observe else SERIES)]
+    return pool + device.owner_series()
+
+
 def timeline_svg(run, device, svg_id):
     """The SVG timeline of one device of one run, and the data the hover script reads."""
-    rows = _thin(device.samples if device.samples else ([device.exit_row] if device.exit_row else []))
-    series = {name: _points(rows, field) for name, field in SERIES}
+    lines = chart_series(run, device)
+    rows = _thin(device.samples if device.samples else ([device.exit_row] if device.exit_row else []),
+                 [(name, field) for name, _, field in lines])
+    series = {name: _points(rows, field) for name, _, field in lines}
     cap = _points(rows, "cap_bytes")
     ooms = sorted(device.ooms, key=lambda o: o["t"])
     times = [t for pts in list(series.values()) + [cap] for t, _ in pts] + [o["t"] for o in ooms]
@@ -136,9 +149,11 @@ def timeline_svg(run, device, svg_id):
     def y(v):
         return MT + ph - min(v, y_top) / y_top * ph
 
+    names = [label for _, label, _ in lines]
+    drawn = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
     out = [f'<svg class="timeline" id="{esc(svg_id)}" data-pid="{run.pid}" data-device="{device.device}" '
            f'viewBox="0 0 {W} {H}" preserveAspectRatio="xMidYMid meet" role="img" '
-           f'aria-label="device {device.device}: reserved, used and requested bytes over time">']
+           f'aria-label="device {device.device}: {esc(drawn)} bytes over time">']
     # grid and axes
     out.append('<g class="grid">')
     for v in ticks:
@@ -153,12 +168,12 @@ def timeline_svg(run, device, svg_id):
     out.append(f'<line class="baseline" x1="{ML}" x2="{W - MR}" y1="{MT + ph}" y2="{MT + ph}"/>')
     out.append('</g>')
     # the area under reserved, then the lines
-    res = series["reserved"]
+    res = series.get("reserved", [])
     if len(res) > 1:
         poly = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in res)
         out.append(f'<polygon class="area reserved" points="{x(res[0][0]):.1f},{y(0):.1f} {poly} '
                    f'{x(res[-1][0]):.1f},{y(0):.1f}"/>')
-    for name, _ in SERIES:
+    for name, _, _ in lines:
         pts = series[name]
         if not pts:
             continue
@@ -191,13 +206,11 @@ def timeline_svg(run, device, svg_id):
                    f'</g>')
     out.append(f'<line class="cursor" x1="0" x2="0" y1="{MT}" y2="{MT + ph}" visibility="hidden"/>')
     out.append('</svg>')
-    data = {"plot": [ML, W - MR, t0, t1],
-            "t": [r["t"] for r in rows],
-            "reserved": [r.get("reserved_bytes") for r in rows],
-            "used": [r.get("used_bytes") for r in rows],
-            "requested": [r.get("requested_bytes") for r in rows],
-            "cap": [r.get("cap_bytes") for r in rows],
-            "slack": [r.get("pool_slack") for r in rows]}
+    data = {"plot": [ML, W - MR, t0, t1], "t": [r["t"] for r in rows]}
+    data.update({name: [r.get(field) for r in rows] for name, _, field in lines})
+    data["cap"] = [r.get("cap_bytes") for r in rows]
+    if not run.observe:
+        data["slack"] = [r.get("pool_slack") for r in rows]
     return "".join(out), data
 
 
@@ -215,6 +228,13 @@ def _table(cls, header, rows, numeric=()):
                                     for i, c in enumerate(row)) + "</tr>")
     out.append('</tbody></table>')
     return "".join(out)
+
+
+def _sites_table(cls, header, sites, figures, numeric):
+    """A table of call-site groups: `figures(group)` gives the (escaped) cells under `header`,
+    then the call site."""
+    return _table(cls, header + ["call site"], [figures(s) + [site_html(s.get("site"))] for s in sites],
+                  numeric=numeric)
 
 
 def site_html(site, callers=1):
@@ -237,28 +257,44 @@ def site_html(site, callers=1):
             f'<ol class="stack">{frames}</ol></details>')
 
 
+def _holders(title, entries):
+    """A short list of (amount, call site) under an OOM, or "" when there are none."""
+    if not entries:
+        return ""
+    return (f'<div class="holders"><span class="muted">{esc(title)}:</span><ul>' + "".join(
+        f'<li><span class="amount">{esc(amount)}</span>{site_html(site, callers=0)}</li>' for amount, site in entries)
+        + "</ul></div>")
+
+
 def _verdict(v):
     v = v or "unknown"
     return f'<span class="verdict {esc(v)}">{esc(v)}</span>'
 
 
-def figures_table(device):
+def figures_table(run, device):
+    """The figures beside a timeline. In observe mode the pool's own (reserved, used, slack,
+    rounding, fallbacks) are left out: nothing was pooled."""
     def triple(field):
         last, high, mean = device.share(field)
         return [esc(fmt_pct(last)), esc(fmt_pct(high)), esc(fmt_pct(mean))]
 
-    rows = [
-        ["peak", esc(fmt_bytes_or_none(device.peak("reserved_bytes"))), esc(fmt_bytes_or_none(device.peak("used_bytes"))),
-         esc(fmt_bytes_or_none(device.peak("requested_bytes")))],
-        ["final", esc(fmt_bytes_or_none(device.last("reserved_bytes"))), esc(fmt_bytes_or_none(device.last("used_bytes"))),
-         esc(fmt_bytes_or_none(device.last("requested_bytes")))],
-    ]
-    out = [_table("figures bytes", ["", "reserved", "used", "requested"], rows, numeric=(1, 2, 3))]
-    out.append(_table("figures shares", ["", "last", "max", "mean"],
-                      [["pool slack"] + triple("pool_slack"), ["rounding waste"] + triple("rounding_waste")],
-                      numeric=(1, 2, 3)))
-    counts = [("pooled", "allocs"), ("async", "async_allocs"), ("passed through", "passthrough_allocs"),
-              ("fallback", "fallback_allocs"), ("failed", "failed_allocs"), ("frees", "frees")]
+    columns = OBSERVE_SERIES if run.observe else SERIES
+    rows = [[when] + [esc(fmt_bytes_or_none(figure(field))) for _, field in columns]
+            for when, figure in (("peak", device.peak), ("final", device.last))]
+    out = [_table("figures bytes", [""] + [name for name, _ in columns], rows,
+                  numeric=tuple(range(1, len(columns) + 1)))]
+    if device.has_owners:
+        out.append(_table("figures owners", ["memory by owner", "final", "peak"],
+                          [[esc(name), esc(fmt_bytes_or_none(device.last(field))),
+                            esc(fmt_bytes_or_none(device.peak(field)))] for name, field in run.owners],
+                          numeric=(1, 2)))
+    if not run.observe:
+        out.append(_table("figures shares", ["", "last", "max", "mean"],
+                          [["pool slack"] + triple("pool_slack"), ["rounding waste"] + triple("rounding_waste")],
+                          numeric=(1, 2, 3)))
+    counts = [("tracked" if run.observe else "pooled", "allocs"), ("async", "async_allocs"),
+              ("passed through", "passthrough_allocs")] + ([] if run.observe else [("fallback", "fallback_allocs")]) + \
+        [("failed", "failed_allocs"), ("frees", "frees")]
     out.append(_table("figures counts", ["allocations", ""],
                       [[esc(label), esc(fmt_count(device.counter(field)))] for label, field in counts],
                       numeric=(1,)))
@@ -268,8 +304,8 @@ def figures_table(device):
 # ---- sections -------------------------------------------------------------------------------
 
 
-def _legend(device):
-    items = [("reserved", "reserved"), ("used", "used"), ("requested", "requested")]
+def _legend(run, device):
+    items = [(name, label) for name, label, _ in chart_series(run, device)]
     if device.cap is not None:
         items.append(("cap", "cap"))
     parts = [f'<span class="key {k}"><i></i>{esc(label)}</span>' for k, label in items]
@@ -283,7 +319,10 @@ def run_section(run, data):
     out.append(f'<h2>{esc(run.label)}'
                + (f' <span class="tag">{esc("poolshim " + run.version)}</span>' if run.version else "")
                + ("" if run.exit is not None else ' <span class="tag bad">no exit record</span>')
+               + ('<span class="tag">observe mode</span>' if run.observe else "")
                + '</h2>')
+    if run.observe:
+        out.append(f'<p class="mode observe">{esc(OBSERVE_LINE)}</p>')
     meta = [("command", f"<code>{esc(run.command or '(no start record)')}</code>"),
             ("log", f"<code>{esc(run.path)}</code>")]
     when = fmt_unix(run.start_unix_s)
@@ -314,9 +353,9 @@ def run_section(run, data):
             (f" · {fmt_bytes(d.total_bytes)}" if d.total_bytes else "")
         cap = f' <span class="tag">cap {esc(fmt_bytes(d.cap))}</span>' if d.cap is not None else ""
         out.append(f'<div class="device" data-device="{d.device}"><h3>{esc(title)}{cap}</h3>'
-                   f'<div class="device-body"><div class="chart">{_legend(d)}{svg}'
+                   f'<div class="device-body"><div class="chart">{_legend(run, d)}{svg}'
                    f'<div class="readout" hidden></div></div>'
-                   f'<div class="side">{figures_table(d)}</div></div></div>')
+                   f'<div class="side">{figures_table(run, d)}</div></div></div>')
 
     ooms = run.ooms_sorted
     if ooms or run.oom_repeats:
@@ -326,18 +365,19 @@ def run_section(run, data):
     if ooms:
         rows = []
         for o in ooms:
-            state = (f"reserved {fmt_bytes_or_none(o.get('reserved_bytes'))}, used {fmt_bytes_or_none(o.get('used_bytes'))}, "
-                     f"unused {fmt_bytes_or_none(o.get('pool_unused_bytes'))}"
-                     + (f", cap {fmt_bytes(o['cap_bytes'])}" if o.get("cap_bytes") is not None else "")
-                     + f"; device free {fmt_bytes_or_none(o.get('device_free'))}")
-            holders = ""
-            if o.get("by_site"):
-                holders = '<div class="holders"><span class="muted">live memory by call site:</span><ul>' + "".join(
-                    f'<li><span class="amount">{esc(fmt_bytes_or_none(s.get("bytes")))} in {esc(fmt_count(s.get("count")))}</span>'
-                    f'{site_html(s.get("site"), callers=0)}</li>' for s in o["by_site"][:5]) + "</ul></div>"
+            cap = f"cap {fmt_bytes(o['cap_bytes'])}" if o.get("cap_bytes") is not None else None
+            state = "; ".join(filter(None, [", ".join(filter(None, [oom_pool_text(o), cap])),
+                                            f"device free {fmt_bytes_or_none(o.get('device_free'))}"]))
+            owners = oom_owners_text(o)
+            holders = _holders("live memory by call site",
+                               [(f'{fmt_bytes_or_none(s.get("bytes"))} in {fmt_count(s.get("count"))}', s.get("site"))
+                                for s in (o.get("by_site") or [])[:5]])
+            holders += _holders("VMM memory by call site", [(fmt_bytes_or_none(s.get("bytes")), s.get("site"))
+                                                            for s in (o.get("vmm_by_site") or [])[:5]])
             rows.append([f'{esc(fmt_seconds(o["t"]))}', esc(o["device"]), esc(fmt_bytes_or_none(o.get("request_bytes"))),
                          esc(o.get("api") or ""), _verdict(o.get("verdict")),
-                         f'<div>{esc(o.get("hint") or "")}</div><div class="muted small">{esc(state)}</div>',
+                         f'<div>{esc(o.get("hint") or "")}</div><div class="muted small">{esc(state)}</div>'
+                         + (f'<div class="muted small owners">{esc(owners)}</div>' if owners else ""),
                          (site_html(o.get("site"), callers=1) if "site" in o else '<span class="muted">-</span>')
                          + holders])
         out.append(_table("ooms", ["t", "device", "request", "API", "verdict", "hint", "call site"], rows,
@@ -348,9 +388,9 @@ def run_section(run, data):
         out.append(f'<h3>Leaks at exit <span class="count">{esc(fmt_count(leaks["count"]))} · '
                    f'{esc(fmt_bytes(leaks["bytes"]))}</span></h3>')
         if leaks["by_site"]:
-            rows = [[esc(fmt_bytes_or_none(s.get("bytes"))), esc(fmt_count(s.get("count"))), site_html(s.get("site"))]
-                    for s in leaks["by_site"]]
-            out.append(_table("leaks", ["bytes", "allocations", "call site"], rows, numeric=(0, 1)))
+            out.append(_sites_table("leaks", ["bytes", "allocations"], leaks["by_site"],
+                                    lambda s: [esc(fmt_bytes_or_none(s.get("bytes"))), esc(fmt_count(s.get("count")))],
+                                    numeric=(0, 1)))
         elif leaks["count"]:
             rows = [[esc(fmt_bytes_or_none(b.get("bytes"))), esc(b.get("device", "?")), esc(fmt_seconds(b.get("age_s"))),
                      "yes" if b.get("async") else "no"] for b in leaks["largest"]]
@@ -358,6 +398,13 @@ def run_section(run, data):
             out.append(_table("leaks largest", ["bytes", "device", "age", "async"], rows, numeric=(0, 1, 2)))
         else:
             out.append('<p class="muted">None: every pooled allocation was freed.</p>')
+
+    vmm = [dict(s, device=d.device) for d in run.devices.values() for s in d.vmm_sites]
+    if vmm:
+        live = sum((d.exit_row or {}).get("vmm_physical_bytes") or 0 for d in run.devices.values())
+        out.append(f'<h3>The application\'s VMM memory at exit <span class="count">{esc(fmt_bytes(live))}</span></h3>')
+        out.append(_sites_table("vmm-sites", ["device", "bytes"], vmm,
+                                lambda s: [esc(s["device"]), esc(fmt_bytes_or_none(s.get("bytes")))], numeric=(0, 1)))
 
     if run.warnings:
         out.append(f'<h3>Warnings <span class="count">{len(run.warnings)}</span></h3>')
@@ -380,7 +427,7 @@ def overview(report):
             f'<a href="#{esc(run.anchor)}">{run.pid}</a>', esc(run.rank if run.rank is not None else NONE),
             esc(run.host or NONE), f'<code class="cmd">{esc(fmt.shorten_middle(run.command or "?", 70))}</code>',
             esc(", ".join(str(d) for d in run.devices) or NONE), esc(fmt_bytes(peak)),
-            esc(fmt_count(run.total("allocs"))),
+            esc(NONE if run.observe else fmt_count(run.total("allocs"))),
             (f'<span class="bad">{len(run.ooms)}</span> <span class="muted small">{esc(verdict_counts_text(counts))}</span>'
              if run.ooms else "0"),
             esc(NONE if leaks is None else f'{fmt_count(leaks["count"])} · {fmt_bytes(leaks["bytes"])}'),
@@ -413,8 +460,8 @@ def merged(report):
                      f'<a href="#{esc(run.anchor)}">{run.pid}</a>',
                      esc(fmt_bytes_or_none(d.peak("reserved_bytes"))), esc(fmt_bytes_or_none(d.peak("used_bytes"))),
                      esc(fmt_bytes_or_none(d.peak("requested_bytes"))), esc(fmt_bytes_or_none(d.last("reserved_bytes"))),
-                     esc(fmt_bytes_or_none(d.last("requested_bytes"))), esc(fmt_count(d.counter("allocs"))),
-                     esc(len(d.ooms))])
+                     esc(fmt_bytes_or_none(d.last("requested_bytes"))),
+                     esc(NONE if run.observe else fmt_count(d.counter("allocs"))), esc(len(d.ooms))])
     out.append('<h3>Devices across processes</h3>')
     out.append(_table("merged-devices", ["device", "rank", "host", "pid", "peak reserved", "peak used",
                                          "peak requested", "final reserved", "live at end", "pooled", "OOMs"],
@@ -426,20 +473,20 @@ def merged(report):
     out.append('<h3>Per device ordinal, over its processes</h3>')
     out.append(_table("merged-ordinals", ["device", "processes", "highest peak reserved", "lowest peak reserved",
                                           "sum of peaks", "OOMs"], rows, numeric=(0, 1, 2, 3, 4, 5)))
-    sites = report.leak_sites()
-    if sites:
-        out.append('<h3>Leaks by call site, all processes</h3>')
-        out.append(_table("merged-leaks", ["bytes", "allocations", "processes", "call site"],
-                          [[esc(fmt_bytes(s["bytes"])), esc(fmt_count(s["count"])),
-                            ", ".join(f'<a href="#{esc(r.anchor)}">{r.pid}</a>' for r in s["runs"]),
-                            site_html(s["site"])] for s in sites], numeric=(0, 1)))
-    oom_sites = report.oom_sites()
-    if oom_sites:
-        out.append('<h3>Out-of-memory errors by failing call site, all processes</h3>')
-        out.append(_table("merged-ooms", ["OOMs", "requested", "processes", "call site"],
-                          [[esc(s["count"]), esc(fmt_bytes(s["bytes"])),
-                            ", ".join(f'<a href="#{esc(r.anchor)}">{r.pid}</a>' for r in s["runs"]),
-                            site_html(s["site"])] for s in oom_sites], numeric=(0, 1)))
+    def processes(s):
+        return ", ".join(f'<a href="#{esc(r.anchor)}">{r.pid}</a>' for r in s["runs"])
+
+    for cls, title, header, sites, figures in (
+            ("merged-leaks", "Leaks by call site, all processes", ["bytes", "allocations"], report.leak_sites(),
+             lambda s: [esc(fmt_bytes(s["bytes"])), esc(fmt_count(s["count"]))]),
+            ("merged-ooms", "Out-of-memory errors by failing call site, all processes", ["OOMs", "requested"],
+             report.oom_sites(), lambda s: [esc(s["count"]), esc(fmt_bytes(s["bytes"]))]),
+            ("merged-vmm", "The application's VMM memory at exit by call site, all processes", ["bytes"],
+             report.vmm_sites(), lambda s: [esc(fmt_bytes(s["bytes"]))])):
+        if sites:
+            out.append(f'<h3>{esc(title)}</h3>')
+            out.append(_sites_table(cls, header + ["processes"], sites, lambda s, f=figures: f(s) + [processes(s)],
+                                    numeric=tuple(range(len(header)))))
     out.append('</section>')
     return "".join(out)
 
@@ -480,6 +527,7 @@ def render(report):
 
 CSS = """
 :root { --reserved: #2563eb; --used: #d97706; --requested: #059669; --cap: #111827;
+  --native: #0891b2; --vmm: #9333ea; --other: #78716c;
   --exhausted: #dc2626; --capv: #7c3aed; --fragmentation: #db2777; --ink: #1f2937; --muted: #6b7280;
   --line: #e5e7eb; --bg: #f6f7f9; }
 * { box-sizing: border-box; }
@@ -514,6 +562,8 @@ tbody tr:nth-child(even) { background: #fafbfc; }
   border-radius: 2px; }
 .legend .reserved i { background: var(--reserved); } .legend .used i { background: var(--used); opacity: .55; height: 5px; }
 .legend .requested i { background: var(--requested); }
+.legend .native i { background: var(--native); } .legend .vmm i { background: var(--vmm); }
+.legend .other i { background: var(--other); }
 .legend .cap i { background: repeating-linear-gradient(90deg, var(--cap) 0 5px, transparent 5px 9px); }
 .legend .oom b { display: inline-block; width: 0; height: 0; border-left: 6px solid transparent;
   border-right: 6px solid transparent; border-top: 9px solid var(--exhausted); margin-right: 6px; vertical-align: middle; }
@@ -526,6 +576,11 @@ svg.timeline .series.reserved { stroke: var(--reserved); } svg.timeline .area.re
 svg.timeline .series.used { stroke: var(--used); stroke-width: 5; opacity: .45; }
 svg.timeline .series.requested { stroke: var(--requested); stroke-width: 1.6; }
 svg.timeline .series.cap { stroke: var(--cap); stroke-width: 1.5; stroke-dasharray: 6 4; }
+svg.timeline .series.native { stroke: var(--native); stroke-width: 1.6; }
+svg.timeline .series.vmm { stroke: var(--vmm); stroke-width: 1.6; }
+svg.timeline .series.other { stroke: var(--other); stroke-width: 1.4; stroke-dasharray: 2 3; }
+svg.timeline .dot.native { fill: var(--native); } svg.timeline .dot.vmm { fill: var(--vmm); }
+svg.timeline .dot.other { fill: var(--other); }
 svg.timeline .cap-label { fill: var(--cap); font-size: 11.5px; }
 svg.timeline .dot.reserved { fill: var(--reserved); } svg.timeline .dot.used { fill: var(--used); }
 svg.timeline .dot.requested { fill: var(--requested); }
@@ -557,6 +612,7 @@ table.leaks th:nth-child(1), table.leaks th:nth-child(2) { width: 110px; }
 table.warnings th:nth-child(1) { width: 90px; }
 table.merged-leaks th:nth-child(-n+3), table.merged-ooms th:nth-child(-n+3) { width: 110px; }
 code.cmd { overflow-wrap: anywhere; }
+p.mode.observe { margin: -6px 0 10px; font-weight: 600; color: #0e7490; }
 table.processes td { white-space: nowrap; } table.processes td:nth-child(4) { white-space: normal; }
 table.merged-devices td, table.merged-ordinals td { white-space: nowrap; }
 dl.totals { margin-bottom: 4px; }
@@ -571,7 +627,9 @@ SCRIPT = r"""
     while (v >= 1024 && i < u.length - 1) { v /= 1024; i++; }
     return i === 0 ? n + ' B' : v.toFixed(1) + ' ' + u[i];
   }
-  var colors = {reserved: 'var(--reserved)', used: 'var(--used)', requested: 'var(--requested)', cap: 'var(--cap)'};
+  var colors = {reserved: 'var(--reserved)', used: 'var(--used)', requested: 'var(--requested)',
+                native: 'var(--native)', vmm: 'var(--vmm)', other: 'var(--other)', cap: 'var(--cap)'};
+  var names = {vmm: 'VMM physical'};
   Array.prototype.forEach.call(document.querySelectorAll('svg.timeline'), function (svg) {
     var d = data[svg.id];
     if (!d || !d.t.length) return;
@@ -589,11 +647,11 @@ SCRIPT = r"""
       var x = xOf(d.t[best]);
       cursor.setAttribute('x1', x); cursor.setAttribute('x2', x); cursor.setAttribute('visibility', 'visible');
       var html = '<b>t = ' + d.t[best].toFixed(3) + ' s</b>';
-      ['reserved', 'used', 'requested', 'cap'].forEach(function (k) {
-        if (d[k][best] !== null && d[k][best] !== undefined)
-          html += '<br><i style="background:' + colors[k] + '"></i>' + k + ' ' + bytes(d[k][best]);
+      Object.keys(colors).forEach(function (k) {
+        if (d[k] && d[k][best] !== null && d[k][best] !== undefined)
+          html += '<br><i style="background:' + colors[k] + '"></i>' + (names[k] || k) + ' ' + bytes(d[k][best]);
       });
-      if (d.slack[best] !== null && d.slack[best] !== undefined)
+      if (d.slack && d.slack[best] !== null && d.slack[best] !== undefined)
         html += '<br>pool slack ' + (100 * d.slack[best]).toFixed(1) + '%';
       box.innerHTML = html; box.hidden = false;
       var r = svg.getBoundingClientRect(), px = (x / svg.viewBox.baseVal.width) * r.width;

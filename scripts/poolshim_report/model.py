@@ -18,7 +18,7 @@ import poolshim_log
 from . import lines
 from poolshim_log import LogError
 
-from .fmt import fmt_count, site_key
+from .fmt import fmt_bytes, fmt_bytes_or_none, fmt_count, site_key
 
 VERDICTS = ("exhausted", "cap", "fragmentation")
 
@@ -65,8 +65,15 @@ DEVICE_NUMBERS = (
     "app_pool_allocs", "passthrough_allocs", "passthrough_frees", "failed_allocs", "ooms",
     "oom_with_slack", "oom_retries", "oom_retry_successes", "fallback_allocs", "idle_trims",
     "idle_trimmed_bytes", "reset_dropped", "pool_slack", "rounding_waste", "device_free",
-    "device_total", "cap_bytes")
-DEVICE_ROW = dict({f: "num" for f in DEVICE_NUMBERS}, device="int", size_histogram="hist")
+    "device_total", "cap_bytes", "cached_bytes", "cached_bytes_peak", "cache_hits", "cache_misses",
+    "cache_returns", "fences", "bounded_syncs", "retired_blocks", "legacy_reuses",
+    # schema 2
+    "native_bytes", "native_bytes_peak", "native_allocs", "vmm_physical_bytes", "vmm_physical_bytes_peak",
+    "vmm_physical_bytes_total", "vmm_mapped_bytes", "vmm_mapped_bytes_peak", "vmm_mapped_bytes_total",
+    "vmm_released_mapped_bytes", "vmm_released_mapped_bytes_peak", "vmm_released_mapped_bytes_total",
+    "vmm_creates", "vmm_releases", "vmm_maps", "vmm_unmaps", "vmm_reset_dropped", "other_bytes")
+DEVICE_ROW = dict({f: "num" for f in DEVICE_NUMBERS}, device="int", size_histogram="hist",
+                  vmm_by_site=("list", SITE_ROW))
 DEVICE_ROW["!required"] = ("device",)
 
 SPECS = {
@@ -84,6 +91,8 @@ SPECS = {
         "largest": ("list", {"bytes": "num", "age_s": "num", "async": "bool", "stream": "num", "site": "site",
                              "device": "int"}),
         "by_site": ("list", SITE_ROW), "size_histogram": "hist",
+        "mode": "str", "native_bytes": "num", "vmm_bytes": "num", "other_bytes": "num",
+        "vmm_by_site": ("list", SITE_ROW),
         "!required": ("device",),
     },
     "warning": {"message": "str"},
@@ -177,6 +186,14 @@ def read_records(path):
 
 # ---- runs ----------------------------------------------------------------------------------
 
+# Who holds a device's memory (schema 2): the field, its name in pool mode and in observe mode
+# (None: not shown, as the pool reserves nothing then), and its chart series and trace counter
+# as (class, name) (None: the pool's own series stand for it).
+OWNERS = (("reserved_bytes", "pool reserved", None, None),
+          ("native_bytes", "passed through", "tracked", ("native", "native")),
+          ("vmm_physical_bytes", "VMM physical", "VMM physical", ("vmm", "VMM physical")),
+          ("other_bytes", "other", "other", ("other", "other")))
+
 
 def _num(v):
     return v if _is_num(v) else None
@@ -266,6 +283,22 @@ class Device:
     @property
     def used(self):
         return bool(self.rows) or bool(self.ooms)
+
+    @property
+    def has_owners(self):
+        """Whether the rows say who holds the memory (schema 2: native, VMM and other bytes)."""
+        return any("native_bytes" in r or "vmm_physical_bytes" in r for r in self.rows)
+
+    def owner_series(self):
+        """(class, name, field) of the owner figures some row has above zero: the timeline and the
+        trace draw these besides the pool's."""
+        return [series + (field,) for field, _, _, series in OWNERS
+                if series and any((_num(r.get(field)) or 0) > 0 for r in self.rows)]
+
+    @property
+    def vmm_sites(self):
+        """The exit row's `vmm_by_site`: call sites of the application's live VMM memory at exit."""
+        return (self.exit_row or {}).get("vmm_by_site") or []
 
 
 class Run:
@@ -394,6 +427,19 @@ class Run:
         return out
 
     @property
+    def observe(self):
+        """Whether the run was in observe mode (the start record's config): nothing was pooled,
+        and the allocation figures count the tracked native allocations."""
+        return ((self.start or {}).get("config") or {}).get("mode") == "observe"
+
+    @property
+    def owners(self):
+        """(name, field) of the figures that say who holds device memory, as this run's mode names
+        them (for devices with has_owners)."""
+        names = [(observe_name if self.observe else name, field) for field, name, observe_name, _ in OWNERS]
+        return [(name, field) for name, field in names if name]
+
+    @property
     def oom_repeats(self):
         """OOMs of an already reported situation, not written as records (exit record)."""
         return _num((self.exit or {}).get("oom_repeats")) or 0
@@ -519,8 +565,8 @@ class Report:
         return sorted(rows, key=lambda rd: (rd[1].device, rank_key(rd[0].rank), rd[0].host or "", rd[0].pid,
                                             rd[0].index))
 
-    def total(self, field):
-        values = [run.total(field) for run in self.runs]
+    def total(self, field, runs=None):
+        values = [run.total(field) for run in (self.runs if runs is None else runs)]
         values = [v for v in values if v is not None]
         return sum(values) if values else None
 
@@ -567,10 +613,13 @@ class Report:
         return out
 
     def allocations_text(self):
-        """The merged allocation counts, as one line."""
-        return (f"{fmt_count(self.total('allocs'))} pooled ({fmt_count(self.total('async_allocs'))} async), "
-                f"{fmt_count(self.total('passthrough_allocs'))} passed through, "
-                f"{fmt_count(self.total('fallback_allocs'))} fallback, {fmt_count(self.total('failed_allocs'))} failed")
+        """The merged allocation counts, as one line (observe mode's tracked ones apart)."""
+        pooled = [r for r in self.runs if not r.observe]
+        tracked = self.total("allocs", [r for r in self.runs if r.observe])
+        return (f"{fmt_count(self.total('allocs', pooled))} pooled ({fmt_count(self.total('async_allocs', pooled))} "
+                f"async), {fmt_count(self.total('passthrough_allocs'))} passed through, "
+                f"{fmt_count(self.total('fallback_allocs'))} fallback, {fmt_count(self.total('failed_allocs'))} failed"
+                + (f", {fmt_count(tracked)} tracked in observe mode" if tracked is not None else ""))
 
     def ooms_text(self):
         """The merged out-of-memory count, by verdict, with the repeats the shim did not log."""
@@ -582,6 +631,10 @@ class Report:
     def leak_sites(self):
         return _merge_site_rows([(run, row) for run in self.runs
                                  for row in ((run.leaks or {}).get("by_site") or [])])
+
+    def vmm_sites(self):
+        """The application's live VMM memory at exit merged by call site: [{"site", "bytes", "runs"}]."""
+        return _merge_site_rows([(run, row) for run in self.runs for d in run.devices.values() for row in d.vmm_sites])
 
     def oom_sites(self):
         """OOMs merged by the failing call's site: [{"site", "count", "bytes" (requested), "runs"}]."""
@@ -604,6 +657,34 @@ def load(paths):
     if not runs:
         raise LogError("no poolshim records in " + ", ".join(unique))
     return Report(unique, runs)
+
+
+def oom_pool_text(oom):
+    """The pool's figures at an out-of-memory error ("reserved 5.5 GiB, used 5.0 GiB, unused 496.0
+    MiB"), or None in observe mode, where they are the tracked allocations' (oom_owners_text)."""
+    if oom.get("mode") == "observe":
+        return None
+    return (f"reserved {fmt_bytes_or_none(oom.get('reserved_bytes'))}, "
+            f"used {fmt_bytes_or_none(oom.get('used_bytes'))}, unused {fmt_bytes_or_none(oom.get('pool_unused_bytes'))}")
+
+
+def oom_owners_text(oom):
+    """Who held the device's memory at an out-of-memory error, in one line (its mode, tracked or
+    passed-through, VMM and other bytes), or None for a record without those fields (schema 1)."""
+    if not any(k in oom for k in ("mode", "native_bytes", "vmm_bytes", "other_bytes")):
+        return None
+    mode = oom.get("mode")
+    if mode == "observe":
+        # The pool's figures are the tracked allocations' then (README "The log", oom).
+        live = _num(oom.get("live_allocs"))
+        parts = [f"{fmt_bytes(oom.get('live_bytes'))} in {fmt_count(live)} tracked allocation"
+                 + ("" if live == 1 else "s")]
+    else:
+        parts = [f"reserved {fmt_bytes(oom.get('reserved_bytes'))}",
+                 f"passed through {fmt_bytes(oom.get('native_bytes'))}"]
+    other = oom.get("other_bytes")
+    parts += [f"VMM {fmt_bytes(oom.get('vmm_bytes'))}", f"other {'unknown' if other is None else fmt_bytes(other)}"]
+    return (f"{mode} mode: " if mode else "") + ", ".join(parts)
 
 
 def verdict_counts_text(counts):

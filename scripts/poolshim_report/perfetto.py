@@ -4,8 +4,10 @@ One trace process per run (its pid, or a stand-in when two runs share a pid), na
 rank, host and command. Per device, counter events ("ph": "C") named "device D reserved",
 "device D used", "device D requested" and "device D cap", each with one numeric arg "bytes"
 (Perfetto shows a track per name and arg: "device 0 reserved bytes"), and "device D pool
-slack" with arg "percent". OOMs and warnings are instant events ("ph": "i", process scope)
-with their details in args; the start and the exit of a run are instant events too.
+slack" with arg "percent"; for a schema 2 log, "device D native", "device D VMM physical" and
+"device D other" where a sample has them above zero (observe mode has no reserved, used or
+pool slack tracks: nothing was pooled). OOMs and warnings are instant events ("ph": "i",
+process scope) with their details in args; the start and the exit of a run are instant events too.
 Timestamps are microseconds: the run's `t`, shifted by its start time relative to the earliest
 run with --align wall (the default), or not shifted with --align zero; never negative.
 """
@@ -15,6 +17,11 @@ import json
 from .fmt import fmt_bytes, fmt_bytes_or_none, shorten_middle, site_text
 
 TID = 1
+# (track, field, arg, scale) of the counters of every device; POOL_ONLY are left out in observe mode.
+COUNTERS = (("reserved", "reserved_bytes", "bytes", None), ("used", "used_bytes", "bytes", None),
+            ("requested", "requested_bytes", "bytes", None), ("cap", "cap_bytes", "bytes", None),
+            ("pool slack", "pool_slack", "percent", 100))
+POOL_ONLY = ("reserved", "used", "pool slack")
 
 
 def _clean(args):
@@ -24,6 +31,12 @@ def _clean(args):
 
 def _us(seconds):
     return round(seconds * 1e6, 3)
+
+
+def _site_lines(sites, limit):
+    """Call-site groups as args: "8.0 MiB in 2: site" (without "in N" where groups have no count)."""
+    return [f"{fmt_bytes_or_none(s.get('bytes'))}" + (f" in {s.get('count')}" if "count" in s else "")
+            + f": {site_text(s.get('site'), callers=1)}" for s in sites[:limit]]
 
 
 def trace(report, align="wall"):
@@ -63,18 +76,17 @@ def trace(report, align="wall"):
             events.append({"ph": "i", "s": "p", "name": "start", "cat": "poolshim", "pid": pid, "tid": TID,
                            "ts": ts(run.start["t"]),
                            "args": {"pid": run.pid, "host": run.host, "rank": run.rank, "command": run.command,
-                                    "poolshim": run.version, "log": run.path}})
+                                    "poolshim": run.version, "log": run.path,
+                                    "mode": "observe" if run.observe else None}})
         for d in run.devices.values():
             rows = d.samples if d.samples else ([d.exit_row] if d.exit_row else [])
             # A counter is a step function: a sample repeating the value before it adds
             # nothing but size (the last sample is always kept, to mark where the run ends).
+            counters = [c for c in COUNTERS if not (run.observe and c[0] in POOL_ONLY)]
+            counters += [(label, field, "bytes", None) for _, label, field in d.owner_series()]
             last = {}
             for i, r in enumerate(rows):
-                for label, field, arg, scale in (("reserved", "reserved_bytes", "bytes", None),
-                                                 ("used", "used_bytes", "bytes", None),
-                                                 ("requested", "requested_bytes", "bytes", None),
-                                                 ("cap", "cap_bytes", "bytes", None),
-                                                 ("pool slack", "pool_slack", "percent", 100)):
+                for label, field, arg, scale in counters:
                     v = r.get(field)
                     if not isinstance(v, (int, float)) or isinstance(v, bool):
                         continue
@@ -86,18 +98,24 @@ def trace(report, align="wall"):
                     events.append({"ph": "C", "name": f"device {d.device} {label}", "cat": "poolshim",
                                    "pid": pid, "tid": TID, "ts": ts(r["t"]), "args": {arg: v}})
         for o in run.ooms_sorted:
+            pool = o.get("mode") != "observe"   # else reserved and used are the tracked bytes ("native")
             args = {"device": o["device"], "request": fmt_bytes_or_none(o.get("request_bytes")),
                     "request_bytes": o.get("request_bytes"), "api": o.get("api"), "verdict": o.get("verdict"),
-                    "hint": o.get("hint"), "reserved": fmt_bytes_or_none(o.get("reserved_bytes")),
-                    "used": fmt_bytes_or_none(o.get("used_bytes")),
+                    "hint": o.get("hint"), "reserved": fmt_bytes_or_none(o.get("reserved_bytes")) if pool else None,
+                    "used": fmt_bytes_or_none(o.get("used_bytes")) if pool else None,
                     "device_free": fmt_bytes_or_none(o.get("device_free"))}
             if o.get("cap_bytes") is not None:
                 args["cap"] = fmt_bytes(o["cap_bytes"])
             if "site" in o:
                 args["site"] = site_text(o.get("site"), callers=3)
             if o.get("by_site"):
-                args["live_by_site"] = [f"{fmt_bytes_or_none(s.get('bytes'))} in {s.get('count')}: "
-                                        f"{site_text(s.get('site'), callers=1)}" for s in o["by_site"][:5]]
+                args["live_by_site"] = _site_lines(o["by_site"], 5)
+            args["mode"] = o.get("mode")
+            for key, field in (("native", "native_bytes"), ("vmm", "vmm_bytes"), ("other", "other_bytes")):
+                if o.get(field) is not None:
+                    args[key] = fmt_bytes(o[field])
+            if o.get("vmm_by_site"):
+                args["vmm_by_site"] = _site_lines(o["vmm_by_site"], 5)
             events.append({"ph": "i", "s": "p", "name": f"OOM device {o['device']} "
                                                         f"{fmt_bytes_or_none(o.get('request_bytes'))} ({o.get('verdict') or '?'})",
                            "cat": "oom", "pid": pid, "tid": TID, "ts": ts(o["t"]), "args": args})
@@ -109,8 +127,10 @@ def trace(report, align="wall"):
             args = {"leaked_allocations": leaks["count"], "leaked": fmt_bytes(leaks["bytes"]),
                     "oom_repeats": run.oom_repeats or None}
             if leaks["by_site"]:
-                args["leaks_by_site"] = [f"{fmt_bytes_or_none(s.get('bytes'))} in {s.get('count')}: "
-                                         f"{site_text(s.get('site'), callers=1)}" for s in leaks["by_site"][:10]]
+                args["leaks_by_site"] = _site_lines(leaks["by_site"], 10)
+            vmm = [f"device {d.device}: {line}" for d in run.devices.values() for line in _site_lines(d.vmm_sites, 10)]
+            if vmm:
+                args["vmm_by_site"] = vmm
             events.append({"ph": "i", "s": "p", "name": "exit", "cat": "poolshim", "pid": pid, "tid": TID,
                            "ts": ts(run.exit["t"]), "args": args})
     for e in events:

@@ -9,13 +9,13 @@ import textwrap
 
 from poolshim_log import for_terminal
 
-from .fmt import (NONE, fmt_bytes, fmt_bytes_or_none, fmt_count, fmt_duration, fmt_pct, fmt_unix,
-                  frame_text, shorten_middle, site_key, site_text, site_texts)
-from .model import verdict_counts_text
+from .fmt import (NONE, OBSERVE_LINE, fmt_bytes, fmt_bytes_or_none, fmt_count, fmt_duration, fmt_pct,
+                  fmt_unix, frame_text, shorten_middle, site_key, site_text, site_texts)
+from .model import oom_owners_text, oom_pool_text, verdict_counts_text
 
 WIDTH = 120            # site lines are cut, hints wrapped, to this width unless --full
 DEVICES_PER_TABLE = 4  # device columns side by side
-SHORT_LIMITS = {"ooms": 3, "leak_sites": 3, "warnings": 3, "notes": 2, "merged_sites": 5}
+SHORT_LIMITS = {"ooms": 3, "leak_sites": 3, "vmm_sites": 3, "warnings": 3, "notes": 2, "merged_sites": 5}
 
 
 def table(rows, align, indent=2, gap=2):
@@ -47,9 +47,18 @@ def _share_triple(device, field):
     return f"{fmt_pct(last)} / {fmt_pct(high)} / {fmt_pct(mean)}"
 
 
+def _now_and_peak(device, field):
+    """"8.0 MiB (peak 24.0 MiB)", or - when the device has no such figure."""
+    last, peak = device.last(field), device.peak(field)
+    return NONE if last is None and peak is None else f"{fmt_bytes_or_none(last)} (peak {fmt_bytes_or_none(peak)})"
+
+
 def device_table(run, full):
-    """Rows of figures, one column per device."""
+    """Rows of figures, one column per device. In observe mode the pool's own figures (reserved,
+    used, slack, rounding, fallbacks, retries, trims) are left out: nothing was pooled."""
     devices = list(run.devices.values())
+    pool = not run.observe
+    pooled = "pooled" if pool else "tracked"
     lines = []
     for first in range(0, len(devices), DEVICES_PER_TABLE):
         chunk = devices[first:first + DEVICES_PER_TABLE]
@@ -60,32 +69,46 @@ def device_table(run, full):
 
         if any(d.has_cap_field for d in devices):
             row("cap", lambda d: fmt_bytes(d.cap) if d.cap is not None else "none")
-        row("peak reserved", lambda d: fmt_bytes_or_none(d.peak("reserved_bytes")))
-        row("peak used", lambda d: fmt_bytes_or_none(d.peak("used_bytes")))
+        if pool:
+            row("peak reserved", lambda d: fmt_bytes_or_none(d.peak("reserved_bytes")))
+            row("peak used", lambda d: fmt_bytes_or_none(d.peak("used_bytes")))
         row("peak requested", lambda d: fmt_bytes_or_none(d.peak("requested_bytes")))
-        row("final reserved", lambda d: fmt_bytes_or_none(d.last("reserved_bytes")))
-        row("final used", lambda d: fmt_bytes_or_none(d.last("used_bytes")))
+        if pool:
+            row("final reserved", lambda d: fmt_bytes_or_none(d.last("reserved_bytes")))
+            row("final used", lambda d: fmt_bytes_or_none(d.last("used_bytes")))
         row("final requested", lambda d: fmt_bytes_or_none(d.last("requested_bytes")))
         if full:
             row("live allocations at the end", lambda d: fmt_count(d.last("live_allocs")))
             row("peak live allocations", lambda d: fmt_count(d.peak("live_allocs")))
-        row("pool slack (last/max/mean)", lambda d: _share_triple(d, "pool_slack"))
-        row("rounding waste (last/max/mean)", lambda d: _share_triple(d, "rounding_waste"))
-        row("allocations pooled", lambda d: fmt_count(d.counter("allocs")))
+        if any(d.has_owners for d in chunk):
+            row("memory by owner at the end", lambda d: "")
+            for name, field in run.owners:
+                row("  " + name, lambda d, f=field: _now_and_peak(d, f))
+            if full:
+                row("  VMM mapped", lambda d: _now_and_peak(d, "vmm_mapped_bytes"))
+                row("  VMM released, still mapped", lambda d: _now_and_peak(d, "vmm_released_mapped_bytes"))
+                row("  VMM creates/releases/maps/unmaps", lambda d: " / ".join(
+                    fmt_count(d.counter(f"vmm_{c}")) for c in ("creates", "releases", "maps", "unmaps")))
+        if pool:
+            row("pool slack (last/max/mean)", lambda d: _share_triple(d, "pool_slack"))
+            row("rounding waste (last/max/mean)", lambda d: _share_triple(d, "rounding_waste"))
+        row(f"allocations {pooled}", lambda d: fmt_count(d.counter("allocs")))
         row("  async", lambda d: fmt_count(d.counter("async_allocs")))
         row("  passed through", lambda d: fmt_count(d.counter("passthrough_allocs")))
-        row("  fallback (not pooled)", lambda d: fmt_count(d.counter("fallback_allocs")))
+        if pool:
+            row("  fallback (not pooled)", lambda d: fmt_count(d.counter("fallback_allocs")))
         row("  failed", lambda d: fmt_count(d.counter("failed_allocs")))
         if full:
-            row("frees pooled", lambda d: fmt_count(d.counter("frees")))
+            row(f"frees {pooled}", lambda d: fmt_count(d.counter("frees")))
             row("  async", lambda d: fmt_count(d.counter("async_frees")))
             row("  ordered", lambda d: fmt_count(d.counter("ordered_frees")))
             row("  passed through", lambda d: fmt_count(d.counter("passthrough_frees")))
             row("application pool allocations", lambda d: fmt_count(d.counter("app_pool_allocs")))
-            row("OOM retries (succeeded)", lambda d: f"{fmt_count(d.counter('oom_retries'))} "
-                                                    f"({fmt_count(d.counter('oom_retry_successes'))})")
-            row("idle trims (bytes)", lambda d: f"{fmt_count(d.counter('idle_trims'))} "
-                                               f"({fmt_bytes_or_none(d.counter('idle_trimmed_bytes'))})")
+            if pool:
+                row("OOM retries (succeeded)", lambda d: f"{fmt_count(d.counter('oom_retries'))} "
+                                                        f"({fmt_count(d.counter('oom_retry_successes'))})")
+                row("idle trims (bytes)", lambda d: f"{fmt_count(d.counter('idle_trims'))} "
+                                                   f"({fmt_bytes_or_none(d.counter('idle_trimmed_bytes'))})")
             row("dropped by device reset", lambda d: fmt_count(d.counter("reset_dropped")))
             row("samples", lambda d: fmt_count(len(d.samples)))
         if lines:
@@ -146,10 +169,17 @@ def _oom_lines(run, full):
                 details.extend("            " + frame_text(f, short=False) for f in o["site"][1:])
             else:
                 details.append("      at    " + site_text(o.get("site"), callers=1, width=None if full else WIDTH - 12))
+        owners = oom_owners_text(o)
+        if owners:
+            details.append("      owner " + owners)
+            vmm = o.get("vmm_by_site") or []
+            for entry in vmm if full else vmm[:1]:
+                details.append(f"      vmm   {fmt_bytes_or_none(entry.get('bytes'))} at "
+                               f"{site_text(entry.get('site'), callers=1, width=None if full else WIDTH - 28)}")
         if full:
-            details.append(f"      pool  reserved {fmt_bytes_or_none(o.get('reserved_bytes'))}, used "
-                           f"{fmt_bytes_or_none(o.get('used_bytes'))}, unused {fmt_bytes_or_none(o.get('pool_unused_bytes'))}"
-                           f", cap {fmt_bytes(o['cap_bytes']) if o.get('cap_bytes') is not None else 'none'}; device free "
+            pool = oom_pool_text(o)
+            details.append(("      pool  " + pool + ", " if pool else "      state ") +
+                           f"cap {fmt_bytes(o['cap_bytes']) if o.get('cap_bytes') is not None else 'none'}; device free "
                            f"{fmt_bytes_or_none(o.get('device_free'))} of {fmt_bytes_or_none(o.get('device_total'))}; "
                            f"live {fmt_bytes_or_none(o.get('live_bytes'))} in {fmt_count(o.get('live_allocs'))}")
             for entry in o.get("by_site") or []:
@@ -167,6 +197,28 @@ def _oom_lines(run, full):
     return lines
 
 
+def _site_table(sites, columns, figures, full, limit, width):
+    """Lines of a table of call-site groups, most first: `figures(group)` gives the cells under
+    `columns`, then the call site (cut to `width` unless `full`); `limit` groups unless `full`."""
+    shown = sites if full else sites[:limit]
+    rows = [columns + ["call site"]]
+    texts = site_texts([s.get("site") for s in shown], None if full else width)
+    rows += [figures(s) + [t] for s, t in zip(shown, texts)]
+    lines = table(rows, "r" * len(columns) + "l", indent=4)
+    _more(lines, len(shown), len(sites), "call sites", 4)
+    return lines
+
+
+def _site_stacks(sites):
+    """The whole stack of each group's call site (--full)."""
+    lines = []
+    for s in sites:
+        if s.get("site"):
+            lines.append(f"    stack of the {fmt_bytes_or_none(s.get('bytes'))} site:")
+            lines.extend("      " + frame_text(f, short=False) for f in s["site"])
+    return lines
+
+
 def _leak_lines(run, full):
     leaks = run.leaks
     if leaks is None:
@@ -177,12 +229,9 @@ def _leak_lines(run, full):
              f"{fmt_bytes(leaks['bytes'])}"]
     sites = leaks["by_site"] or []
     if sites:
-        shown = sites if full else sites[:SHORT_LIMITS["leak_sites"]]
-        rows = [["bytes", "count", "call site"]]
-        texts = site_texts([s.get("site") for s in shown], None if full else WIDTH - 20)
-        rows += [[fmt_bytes_or_none(s.get("bytes")), fmt_count(s.get("count")), t] for s, t in zip(shown, texts)]
-        lines.extend(table(rows, "rrl", indent=4))
-        _more(lines, len(shown), len(sites), "call sites", 4)
+        lines.extend(_site_table(sites, ["bytes", "count"],
+                                 lambda s: [fmt_bytes_or_none(s.get("bytes")), fmt_count(s.get("count"))],
+                                 full, SHORT_LIMITS["leak_sites"], WIDTH - 20))
     elif leaks["largest"]:
         big = leaks["largest"][0]
         lines.append(f"    largest {fmt_bytes_or_none(big.get('bytes'))} on device {big.get('device', '?')}, "
@@ -192,10 +241,22 @@ def _leak_lines(run, full):
             lines.append(f"    large {n:>2} x {fmt_bytes_or_none(big.get('bytes')):>9} on device {big.get('device', '?')}, "
                          f"age {_age_range(ages)}{', async' if big.get('async') else ''}"
                          + (f" at {site_text(big.get('site'), callers=1)}" if 'site' in big else ""))
-        for s in sites:
-            if s.get("site"):
-                lines.append(f"    stack of the {fmt_bytes_or_none(s.get('bytes'))} site:")
-                lines.extend("      " + frame_text(f, short=False) for f in s["site"])
+        lines.extend(_site_stacks(sites))
+    return lines
+
+
+def _vmm_lines(run, full):
+    """The application's own VMM memory live at exit (schema 2), per device, by call site."""
+    lines = []
+    for d in run.devices.values():
+        live = (d.exit_row or {}).get("vmm_physical_bytes")
+        if not live and not d.vmm_sites:
+            continue
+        lines.append(f"  VMM memory at exit on device {d.device}: {fmt_bytes_or_none(live)}")
+        lines.extend(_site_table(d.vmm_sites, ["bytes"], lambda s: [fmt_bytes_or_none(s.get("bytes"))], full,
+                                 SHORT_LIMITS["vmm_sites"], WIDTH - 20))
+        if full:
+            lines.extend(_site_stacks(d.vmm_sites))
     return lines
 
 
@@ -207,6 +268,8 @@ def run_section(run, full=False, several_logs=False):
     if several_logs and not full:
         head += f"  [log {run.path}]"
     lines.append(f"== {head}")
+    if run.observe:
+        lines.append("  " + OBSERVE_LINE)
     meta = []
     meta.append(("command", _cut(run.command or "(no start record)", full)))
     if full:
@@ -241,7 +304,7 @@ def run_section(run, full=False, several_logs=False):
     ex = run.exit or {}
     if ex.get("events_dropped"):
         lines.append(f"  events dropped: {fmt_count(ex['events_dropped'])} (the log is incomplete)")
-    body = _oom_lines(run, full) + _leak_lines(run, full)
+    body = _oom_lines(run, full) + _leak_lines(run, full) + _vmm_lines(run, full)
     if run.warnings:
         body.append(f"  warnings: {len(run.warnings)}")
         shown = run.warnings if full else run.warnings[:SHORT_LIMITS["warnings"]]
@@ -270,12 +333,8 @@ def _merged_sites(lines, title, figures_header, sites, figures, full):
         return
     lines.append("")
     lines.append(f"  {title}")
-    shown = sites if full else sites[:SHORT_LIMITS["merged_sites"]]
-    rows = [figures_header + ["processes", "call site"]]
-    texts = site_texts([s["site"] for s in shown], None if full else WIDTH - 36)
-    rows += [figures(s) + [str(len(s["runs"])), t] for s, t in zip(shown, texts)]
-    lines.extend(table(rows, "rrrl", indent=4))
-    _more(lines, len(shown), len(sites), "call sites", 4)
+    lines.extend(_site_table(sites, figures_header + ["processes"], lambda s: figures(s) + [str(len(s["runs"]))],
+                             full, SHORT_LIMITS["merged_sites"], WIDTH - 36))
 
 
 def merged_section(report, full=False):
@@ -301,7 +360,8 @@ def merged_section(report, full=False):
         rows.append([str(d.device), run.rank if run.rank is not None else NONE, run.host or NONE, str(run.pid),
                      fmt_bytes_or_none(d.peak("reserved_bytes")), fmt_bytes_or_none(d.peak("used_bytes")),
                      fmt_bytes_or_none(d.peak("requested_bytes")), fmt_bytes_or_none(d.last("reserved_bytes")),
-                     fmt_bytes_or_none(d.last("requested_bytes")), fmt_count(d.counter("allocs")), str(len(d.ooms))])
+                     fmt_bytes_or_none(d.last("requested_bytes")),
+                     NONE if run.observe else fmt_count(d.counter("allocs")), str(len(d.ooms))])
     lines.extend(table(rows, "rllrrrrrrrr", indent=4))
     summary = [["device", "processes", "highest peak reserved", "lowest peak reserved", "sum of peaks", "OOMs"]]
     for o in report.ordinal_peaks():
@@ -316,6 +376,8 @@ def merged_section(report, full=False):
                   lambda s: [fmt_bytes(s["bytes"]), fmt_count(s["count"])], full)
     _merged_sites(lines, "out-of-memory errors by failing call site, all processes", ["OOMs", "requested"],
                   report.oom_sites(), lambda s: [str(s["count"]), fmt_bytes(s["bytes"])], full)
+    _merged_sites(lines, "the application's VMM memory at exit by call site, all processes", ["bytes"],
+                  report.vmm_sites(), lambda s: [fmt_bytes(s["bytes"])], full)
     return lines
 
 

@@ -12,6 +12,11 @@ The records have the shape of README.md "The log" (schema 1) with the fields bei
 old_shape_oom.jsonl are real logs of the library before those fields (the bundled demo, and
 tests/programs/oom_exit, over the CPU test double), and real_cap_oom.jsonl one of the library
 with them (oom_exit with POOLSHIM_LIMIT=512M POOLSHIM_BACKTRACE=8); they are not written here.
+Nor are the real logs of schema 2, each with POOLSHIM_BACKTRACE=8 over the CPU test double
+(LD_LIBRARY_PATH=build/double CUDADOUBLE_DEVICES=1 CUDADOUBLE_MEM=32M): vmm_keep.jsonl
+(`vmm_alloc keep`: the application's own cuMemCreate memory, 8 MiB of it kept at exit),
+observe_oom.jsonl (`oom_cases exhausted` with POOLSHIM_MODE=observe) and pool_oom.jsonl
+(`oom_cases exhausted` in pool mode).
 """
 
 import json

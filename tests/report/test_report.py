@@ -6,8 +6,10 @@
 
 The fixtures are in tests/report/fixtures: synthetic logs written by make_fixtures.py (the
 figures below follow from it), two real logs of the library before the new fields
-(old_shape*.jsonl) and one of the library with them (real_cap_oom.jsonl). The Chromium test is skipped, saying so, when neither `chromium` nor
-`chromium-browser` is on PATH. tests/report/hostile holds one log per defect of issue 12
+(old_shape*.jsonl), one of the library with them (real_cap_oom.jsonl) and three of schema 2
+(vmm_keep.jsonl, observe_oom.jsonl, pool_oom.jsonl; make_fixtures.py says how they were made).
+The Chromium test is skipped, saying so, when neither `chromium` nor `chromium-browser` is on
+PATH. tests/report/hostile holds one log per defect of issue 12
 (written by make_hostile.py; HostileCorpus); Fuzz damages the fixtures with mutate.py, seeded
 (REPORT_FUZZ_SEED and REPORT_FUZZ_COUNT change the seed and the number of logs, 500).
 """
@@ -73,6 +75,18 @@ def cells(lines, label):
     raise AssertionError(f"no row {label!r} in:\n" + "\n".join(lines))
 
 
+def owner_rows(lines):
+    """{name: cells} of the rows under "memory by owner at the end" (indented by two more spaces)."""
+    first = [line.strip() for line in lines].index("memory by owner at the end") + 1
+    rows = {}
+    for line in lines[first:]:
+        if not line.startswith("    "):
+            break
+        parts = re.split(r"\s{2,}", line.strip())
+        rows[parts[0]] = parts[1:]
+    return rows
+
+
 def write_temp(testcase, name, text, mode="w"):
     folder = tempfile.mkdtemp(prefix="poolshim-report-test-")
     testcase.addCleanup(shutil.rmtree, folder, True)
@@ -90,6 +104,16 @@ def open_text(path):
 def lines_of(path):
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def oom_with_vmm(testcase):
+    """observe_oom.jsonl with VMM memory at its OOM: vmm_keep.jsonl's 8 MiB from make_physical."""
+    records = lines_of(fixture("observe_oom.jsonl"))
+    vmm = [r for r in lines_of(fixture("vmm_keep.jsonl")) if r["type"] == "exit"][0]["devices"][0]["vmm_by_site"]
+    for r in records:
+        if r["type"] == "oom":
+            r.update(vmm_bytes=8 * MiB, vmm_by_site=vmm + [dict(vmm[0], bytes=MiB)], other_bytes=None)
+    return write_temp(testcase, "oom_vmm.jsonl", "".join(json.dumps(r) + "\n" for r in records))
 
 
 # ---- the terminal summary ------------------------------------------------------------------
@@ -266,6 +290,89 @@ class Summary(unittest.TestCase):
         self.assertIn("      at    main+0x6a (oom_exit) <- libc.so.6+0x27249", lines)
         self.assertEqual(cells(lines, "1.0 MiB"), ["1", "main+0x52 (oom_exit) <- libc.so.6+0x27249"])
 
+    def test_a_vmm_log_shows_memory_by_owner_and_the_vmm_call_sites(self):
+        """vmm_keep.jsonl: three 8 MiB handles of cuMemCreate, one kept at exit (schema 2)."""
+        lines = sections(self.summary("vmm_keep.jsonl"))[0][1]
+        self.assertEqual(owner_rows(lines), {"pool reserved": ["0 B (peak 0 B)"], "passed through": ["0 B (peak 0 B)"],
+                                             "VMM physical": ["8.0 MiB (peak 24.0 MiB)"], "other": ["0 B (peak 0 B)"]})
+        self.assertIn("  VMM memory at exit on device 0: 8.0 MiB", lines)
+        # GCC's clone suffixes and the anonymous namespace are left out of the one-line form.
+        self.assertEqual(cells(lines, "8.0 MiB"), ["make_physical+0x19 (vmm_alloc) <- main+0x20b (vmm_alloc)"])
+        self.assertEqual(cells(lines, "allocations pooled"), ["0"])
+
+    def test_a_vmm_log_in_full_shows_mappings_calls_and_the_whole_stack(self):
+        lines = sections(self.summary("vmm_keep.jsonl", full=True))[0][1]
+        rows = owner_rows(lines)
+        self.assertEqual(rows["VMM mapped"], ["8.0 MiB (peak 24.0 MiB)"])
+        self.assertEqual(rows["VMM released, still mapped"], ["0 B (peak 8.0 MiB)"])
+        self.assertEqual(rows["VMM creates/releases/maps/unmaps"], ["3 / 2 / 3 / 2"])
+        stack = lines.index("    stack of the 8.0 MiB site:")
+        self.assertEqual(lines[stack + 1:stack + 3], [
+            "      (anonymous namespace)::make_physical((anonymous namespace)::Driver const&, unsigned long long*, "
+            "unsigned long) [clone .constprop.0] [clone .isra.0]+0x19 (vmm_alloc)", "      main+0x20b (vmm_alloc)"])
+
+    def test_observe_mode_says_so_and_shows_tracked_figures(self):
+        """observe_oom.jsonl: POOLSHIM_MODE=observe, 4 MiB blocks until the 32 MiB device is full."""
+        lines = sections(self.summary("observe_oom.jsonl"))[0][1]
+        self.assertEqual(lines[0], "  observe mode: every allocation went to the real function; nothing was pooled")
+        self.assertEqual(owner_rows(lines), {"tracked": ["32.0 MiB (peak 32.0 MiB)"],
+                                             "VMM physical": ["0 B (peak 0 B)"], "other": ["0 B (peak 0 B)"]})
+        self.assertEqual(cells(lines, "allocations tracked"), ["8"])
+        self.assertEqual(cells(lines, "peak requested"), ["32.0 MiB"])
+        labels = {re.split(r"\s{2,}", line.strip())[0] for line in lines}
+        for pool_only in ("peak reserved", "final used", "pool slack (last/max/mean)", "rounding waste (last/max/mean)",
+                          "fallback (not pooled)", "allocations pooled"):
+            self.assertNotIn(pool_only, labels)
+        self.assertEqual(cells(lines, "t=0.001 s"), ["device 0", "4.0 MiB", "cudaMalloc", "exhausted"])
+        self.assertIn("      hint  the device is full (32.0 MiB live in 8 tracked allocations): reduce the working "
+                      "set or free buffers earlier", lines)
+        self.assertIn("      owner observe mode: 32.0 MiB in 8 tracked allocations, VMM 0 B, other 0 B", lines)
+        self.assertIn("  leaks at exit: 8 allocations, 32.0 MiB", lines)
+
+    def test_observe_mode_in_full_leaves_out_the_pool_state(self):
+        lines = sections(self.summary("observe_oom.jsonl", full=True))[0][1]
+        self.assertIn("      state cap none; device free 0 B of 32.0 MiB; live 32.0 MiB in 8", lines)
+        self.assertFalse([line for line in lines if line.startswith("      pool  ")])
+        labels = {re.split(r"\s{2,}", line.strip())[0] for line in lines}
+        self.assertTrue({"frees tracked", "dropped by device reset"} <= labels)
+        self.assertFalse({"frees pooled", "OOM retries (succeeded)", "idle trims (bytes)"} & labels)
+
+    def test_a_pool_mode_oom_of_schema_2_names_who_held_the_memory(self):
+        lines = sections(self.summary("pool_oom.jsonl"))[0][1]
+        self.assertNotIn("observe mode", "\n".join(lines))
+        self.assertIn("      owner pool mode: reserved 32.0 MiB, passed through 0 B, VMM 0 B, other 0 B", lines)
+        self.assertEqual(owner_rows(lines)["pool reserved"], ["32.0 MiB (peak 32.0 MiB)"])
+        self.assertEqual(cells(lines, "pool slack (last/max/mean)"), ["0.0% / 0.0% / 0.0%"])
+
+    def test_an_oom_names_its_top_vmm_call_site(self):
+        r = run_tool(oom_with_vmm(self))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = sections(r.stdout)[0][1]
+        self.assertIn("      owner observe mode: 32.0 MiB in 8 tracked allocations, VMM 8.0 MiB, other unknown", lines)
+        self.assertEqual([line for line in lines if line.startswith("      vmm ")],
+                         ["      vmm   8.0 MiB at make_physical+0x19 (vmm_alloc) <- main+0x20b (vmm_alloc)"])
+        r = run_tool("--full", oom_with_vmm(self))
+        self.assertEqual([line for line in r.stdout.splitlines() if line.startswith("      vmm ")],
+                         ["      vmm   8.0 MiB at make_physical+0x19 (vmm_alloc) <- main+0x20b (vmm_alloc)",
+                          "      vmm   1.0 MiB at make_physical+0x19 (vmm_alloc) <- main+0x20b (vmm_alloc)"])
+
+    def test_observe_and_pool_runs_merged(self):
+        out = self.summary("pool_oom.jsonl", "observe_oom.jsonl", "vmm_keep.jsonl")
+        merged = sections(out)[3][1]
+        self.assertEqual(cells(merged, "allocations"), ["8 pooled (0 async), 0 passed through, 0 fallback, 2 failed, "
+                                                        "8 tracked in observe mode"])
+        rows = [re.split(r"\s{2,}", line.strip()) for line in merged]
+        pooled = {r[3]: r[9] for r in rows if len(r) == 11 and r[0] == "0"}
+        observe_pid = str(lines_of(fixture("observe_oom.jsonl"))[0]["pid"])
+        self.assertEqual(pooled.pop(observe_pid), "-")
+        self.assertEqual(sorted(pooled.values()), ["0", "8"])
+        self.assertIn(["8.0 MiB", "1", "make_physical+0x19 (vmm_alloc) <- main+0x20b (vmm_alloc)"], rows)
+
+    def test_schema_2_logs_stay_within_40_lines_per_process(self):
+        out = self.summary("vmm_keep.jsonl", "observe_oom.jsonl", "pool_oom.jsonl")
+        for head, lines in sections(out)[:3]:
+            self.assertLessEqual(len("\n".join(lines).rstrip("\n").splitlines()) + 1, 40, head)
+
     def test_output_into_a_closed_pipe(self):
         p = subprocess.Popen([sys.executable, TOOL, fixture("normal.jsonl"), fixture("ooms.jsonl")],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
@@ -337,6 +444,22 @@ class BadInput(unittest.TestCase):
         path = write_temp(self, "t.jsonl", '{"schema":1,"type":"warning","t":"soon","pid":1,"message":"x"}\n')
         self.assertIn("t.jsonl:1: bad warning record: t should be a number", self.fails(path))
 
+    def test_a_schema_2_field_of_the_wrong_type_names_its_line(self):
+        records = lines_of(fixture("vmm_keep.jsonl"))
+        self.assertEqual(records[2]["type"], "exit")
+        records[2]["devices"][0]["vmm_by_site"][0]["bytes"] = "8M"
+        path = write_temp(self, "vmm.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+        self.assertIn("vmm.jsonl:3: bad exit record: devices[0].vmm_by_site[0].bytes should be a number, not '8M'",
+                      self.fails(path))
+        # The launcher's summary (poolshim_log.summary_text) adds up the cache counters that this check passed.
+        sample = dict(records[1], cache_hits="x")
+        path = write_temp(self, "cache.jsonl", json.dumps(sample) + "\n")
+        self.assertIn("cache.jsonl:1: bad sample record: cache_hits should be a number, not 'x'", self.fails(path))
+        oom = [r for r in lines_of(fixture("observe_oom.jsonl")) if r["type"] == "oom"][0]
+        oom["mode"] = 1
+        path = write_temp(self, "mode.jsonl", json.dumps(oom) + "\n")
+        self.assertIn("mode.jsonl:1: bad oom record: mode should be a string, not 1", self.fails(path))
+
     def test_unwritable_output(self):
         msg = self.fails("--html", os.path.join(FIXTURES, "no-such-folder", "r.html"), fixture("normal.jsonl"), status=1)
         self.assertIn("cannot write", msg)
@@ -406,6 +529,23 @@ class Model(unittest.TestCase):
         self.assertEqual(fmt.site_text([]), "(no frames)")
         self.assertEqual(fmt.site_key(site), fmt.site_key(json.loads(json.dumps(site))))
         self.assertLessEqual(len(fmt.site_text(site * 20, callers=30, width=60)), 60)
+
+
+    def test_short_function_names_of_clones_and_anonymous_namespaces(self):
+        cases = {
+            "(anonymous namespace)::make_physical((anonymous namespace)::Driver const&, unsigned long) "
+            "[clone .constprop.0] [clone .isra.0]": "make_physical",
+            "(anonymous namespace)::allocate_layer(unsigned long)": "allocate_layer",
+            "ns::(anonymous namespace)::Arena::grow(int) [clone .cold]": "Arena::grow",
+        }
+        for name, want in cases.items():
+            self.assertEqual(fmt.short_function(name), want)
+
+    def test_who_held_the_memory_at_an_oom(self):
+        self.assertIsNone(model.oom_owners_text({"device": 0, "reserved_bytes": 1}))   # schema 1
+        self.assertEqual(model.oom_owners_text({"mode": "observe", "live_bytes": 4 * MiB, "live_allocs": 1,
+                                                "vmm_bytes": 2 * MiB, "other_bytes": None}),
+                         "observe mode: 4.0 MiB in 1 tracked allocation, VMM 2.0 MiB, other unknown")
 
 
 # ---- the HTML page ---------------------------------------------------------------------------
@@ -553,6 +693,54 @@ class HtmlPage(unittest.TestCase):
         self.assertEqual([o["data-verdict"] for o in svg["ooms"]], ["exhausted"])
 
 
+    def timeline_data(self, text):
+        found = re.search(r'<script type="application/json" id="timeline-data">(.*?)</script>', text)
+        return json.loads(found.group(1))
+
+    def test_a_vmm_log_draws_its_vmm_series_and_lists_the_vmm_call_sites(self):
+        _, text, page = self.page("vmm_keep.jsonl")
+        self.check_self_contained(text, page)
+        (svg,) = page.timelines
+        self.check_timeline(svg, ("reserved", "used", "requested", "vmm"))
+        self.assertEqual(sorted(svg["series"]), ["requested", "reserved", "used", "vmm"])
+        # 8 MiB at the exit sample, on an axis up to 10 MiB.
+        self.assertEqual([y for _, y in parse_points(svg["series"]["vmm"])], [66.0])
+        (data,) = self.timeline_data(text).values()
+        self.assertEqual(data["vmm"], [8 * MiB])
+        self.assertIn(["figures", "owners"], page.tables)
+        self.assertIn(["vmm-sites"], page.tables)
+        for needle in ('<span class="key vmm"><i></i>VMM physical</span>',
+                       "<tr><td>VMM physical</td><td class=num>8.0 MiB</td><td class=num>24.0 MiB</td></tr>",
+                       "make_physical+0x19 (vmm_alloc) &lt;- main+0x20b (vmm_alloc)"):
+            self.assertIn(needle, text)
+
+    def test_an_oom_lists_its_vmm_call_sites(self):
+        _, text, _ = self.page(oom_with_vmm(self))
+        self.assertIn('<div class="holders"><span class="muted">VMM memory by call site:</span><ul><li>'
+                      '<span class="amount">8.0 MiB</span><details class="site"><summary><code>make_physical+0x19 '
+                      '(vmm_alloc)</code></summary>', text)
+
+    def test_observe_mode_draws_tracked_bytes_and_no_pool_figures(self):
+        _, text, page = self.page("observe_oom.jsonl")
+        self.check_self_contained(text, page)
+        (svg,) = page.timelines
+        self.check_timeline(svg, ("requested", "native"))
+        self.assertEqual(sorted(svg["series"]), ["native", "requested"])
+        self.assertEqual([o["data-verdict"] for o in svg["ooms"]], ["exhausted"])
+        (data,) = self.timeline_data(text).values()
+        self.assertEqual(sorted(data), ["cap", "native", "plot", "requested", "t"])
+        self.assertEqual(data["native"], [32 * MiB])
+        self.assertNotIn(["figures", "shares"], page.tables)
+        for needle in ('<p class="mode observe">observe mode: every allocation went to the real function; nothing was '
+                       'pooled</p>', "<tr><td>tracked</td><td class=num>8</td></tr>",
+                       "<tr><td>tracked</td><td class=num>32.0 MiB</td><td class=num>32.0 MiB</td></tr>",
+                       '<div class="muted small">device free 0 B</div>',
+                       '<div class="muted small owners">observe mode: 32.0 MiB in 8 tracked allocations, VMM 0 B, '
+                       'other 0 B</div>'):
+            self.assertIn(needle, text)
+        self.assertNotIn("<td>fallback</td>", text)
+
+
 # ---- the Perfetto trace ----------------------------------------------------------------------
 
 
@@ -681,6 +869,46 @@ class PerfettoTrace(unittest.TestCase):
         zero = self.trace("rank0.jsonl", "rank1.jsonl", align="zero")
         self.assertEqual(first_counter(zero, 7002), 1e6)
         self.assertEqual(trace_problems(zero), [])
+
+
+    def test_a_vmm_log_has_a_vmm_counter_and_its_call_sites_at_exit(self):
+        trace = self.trace("vmm_keep.jsonl")
+        self.assertEqual(trace_problems(trace), [])
+        events = trace["traceEvents"]
+        counters = {e["name"]: e["args"] for e in events if e["ph"] == "C"}
+        self.assertEqual(set(counters), {f"device 0 {s}" for s in ("reserved", "used", "requested", "pool slack",
+                                                                   "VMM physical")})
+        self.assertEqual(counters["device 0 VMM physical"], {"bytes": 8 * MiB})
+        (exit_event,) = [e for e in events if e["name"] == "exit"]
+        self.assertEqual(exit_event["args"]["vmm_by_site"],
+                         ["device 0: 8.0 MiB: make_physical+0x19 (vmm_alloc) <- main+0x20b (vmm_alloc)"])
+
+    def test_an_oom_has_its_vmm_call_sites(self):
+        folder = tempfile.mkdtemp(prefix="poolshim-report-test-")
+        self.addCleanup(shutil.rmtree, folder, True)
+        path = os.path.join(folder, "trace.json")
+        self.assertEqual(run_tool("-q", "--perfetto", path, oom_with_vmm(self)).returncode, 0)
+        with open(path, encoding="utf-8") as f:
+            (oom,) = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "oom"]
+        self.assertEqual((oom["args"]["vmm"], "other" in oom["args"], oom["args"]["vmm_by_site"]),
+                         ("8.0 MiB", False, ["8.0 MiB: make_physical+0x19 (vmm_alloc) <- main+0x20b (vmm_alloc)",
+                                             "1.0 MiB: make_physical+0x19 (vmm_alloc) <- main+0x20b (vmm_alloc)"]))
+
+    def test_observe_mode_has_native_and_no_pool_counters(self):
+        trace = self.trace("observe_oom.jsonl")
+        self.assertEqual(trace_problems(trace), [])
+        events = trace["traceEvents"]
+        self.assertEqual({e["name"]: e["args"] for e in events if e["ph"] == "C"},
+                         {"device 0 requested": {"bytes": 32 * MiB}, "device 0 native": {"bytes": 32 * MiB}})
+        (start,) = [e for e in events if e["name"] == "start"]
+        self.assertEqual(start["args"]["mode"], "observe")
+        (oom,) = [e for e in events if e.get("cat") == "oom"]
+        self.assertEqual({k: oom["args"].get(k) for k in ("mode", "native", "vmm", "other", "reserved", "used")},
+                         {"mode": "observe", "native": "32.0 MiB", "vmm": "0 B", "other": "0 B", "reserved": None,
+                          "used": None})
+        (oom,) = [e for e in self.trace("pool_oom.jsonl")["traceEvents"] if e.get("cat") == "oom"]
+        self.assertEqual({k: oom["args"].get(k) for k in ("mode", "native", "reserved")},
+                         {"mode": "pool", "native": "0 B", "reserved": "32.0 MiB"})
 
 
 # ---- hostile logs -----------------------------------------------------------------------------
@@ -949,6 +1177,22 @@ class Fuzz(unittest.TestCase):
         self.assertLess(read, self.COUNT * 3 // 4)
 
 
+    def test_mutated_schema_2_logs_render_or_are_refused_with_file_and_line(self):
+        """The same over the schema 2 fixtures (their cache, native and VMM fields, observe mode), half as many."""
+        folder = tempfile.mkdtemp(prefix="poolshim-report-fuzz-")
+        self.addCleanup(shutil.rmtree, folder, True)
+        self.addCleanup(setattr, model, "ANNOTATE_LINES", model.ANNOTATE_LINES)
+        sources = [fixture(n) for n in ("vmm_keep.jsonl", "observe_oom.jsonl", "pool_oom.jsonl")]
+        read = 0
+        for n, (name, data) in enumerate(mutate.mutants(self.SEED, self.COUNT // 2, sources)):
+            path = os.path.join(folder, name + ".jsonl")
+            with open(path, "wb") as f:
+                f.write(data)
+            with self.subTest(name):
+                read += self.check_mutant(name, path, folder, full=n % 2 == 1)
+        self.assertGreater(read, self.COUNT // 8)
+        self.assertLess(read, self.COUNT * 3 // 8)
+
 # ---- a real browser ---------------------------------------------------------------------------
 
 
@@ -1006,6 +1250,34 @@ class Browser(unittest.TestCase):
         self.assertNotIn("hidden", match.group(0).split(">")[0])
         self.assertRegex(match.group(1), r"<b>t = \d+\.\d{3} s</b>.*reserved \d+\.\d (MiB|GiB).*used .*requested .*cap 6\.0 GiB")
 
+
+    def test_schema_2_pages_read_out_the_new_series(self):
+        """A mouse move over each chart of a VMM and an observe-mode log: the read-out names the
+        new series, and the observe chart's has no pool figures (its data has none)."""
+        folder = tempfile.mkdtemp(prefix="poolshim-report-test-")
+        self.addCleanup(shutil.rmtree, folder, True)
+        page = os.path.join(folder, "report.html")
+        r = run_tool("-q", "--html", page, fixture("vmm_keep.jsonl"), fixture("observe_oom.jsonl"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        poke = ("<script>document.querySelectorAll('svg.timeline').forEach(function (s) {"
+                "var b = s.getBoundingClientRect(); s.dispatchEvent(new MouseEvent('mousemove', "
+                "{clientX: b.left + b.width / 2, clientY: b.top + b.height / 2, bubbles: true}));});</script></body>")
+        with open(page, "w", encoding="utf-8") as f:
+            f.write(text.replace("</body>", poke))
+        done = subprocess.run([find_chromium(), "--headless", "--disable-gpu", "--no-sandbox",
+                               f"--user-data-dir={os.path.join(folder, 'profile')}", "--window-size=1400,3000",
+                               "--dump-dom", "file://" + page], capture_output=True, text=True, timeout=180)
+        p = _Page()
+        p.feed(done.stdout)
+        self.assertEqual([svg["attrs"].get("data-interactive") for svg in p.timelines], ["1", "1"], done.stderr[-2000:])
+        vmm, observe = re.findall(r'<div class="readout"[^>]*>(.*?)</div>', done.stdout)
+        self.assertIn("VMM physical 8.0 MiB", vmm)
+        self.assertIn("pool slack", vmm)
+        self.assertIn("native 32.0 MiB", observe)
+        self.assertNotIn("reserved", observe)
+        self.assertNotIn("pool slack", observe)
 
 if __name__ == "__main__":
     unittest.main()
