@@ -27,6 +27,8 @@ THREAD_COUNTS = (1, 2, 4, 8, 16)
 TORCH = "torch"
 OBSERVE_CHURN = "observability: churn 64 live"
 OBSERVE_TORCH = "observability: torch"
+OBSERVE_MODE_CHURN = "observe mode: churn 64 live"
+OBSERVE_MODE_TORCH = "observe mode: torch"
 
 
 def threads_group(count):
@@ -48,6 +50,9 @@ TORCH_UNCACHED_ORDERED = "uncached + shim ordered"
 LOG_OFF = "log off"
 LOG_100MS = "log 100 ms"
 BACKTRACE_8 = "backtrace 8"
+# Observe mode (issue 15): every call native, each allocation tracked and logged.
+OBSERVE_MODE = "observe mode"
+OBSERVE_MODE_BT = "observe mode, backtrace 8"
 
 MET, NOT_MET, NOT_MEASURED = "MET", "NOT MET", "NOT MEASURED"
 

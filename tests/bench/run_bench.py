@@ -13,7 +13,7 @@ checked to have pooled its allocations and the pool's peaks and cache counters c
 
     run_bench.py --build BUILD [--out DIR] [--quick] [--only NAME[,NAME]] [--no-build]
 
-Workloads: churn, async, threads, torch, observability; with churn or torch (or alone: --only
+Workloads: churn, async, threads, torch, observability, observe; with churn or torch (or alone: --only
 profile) a call profile runs them once more under the call timer (tests/perf/call_timer.cpp), to
 show where their allocation time goes. The memory sections of issue 13 (memory_sections.py):
 footprint (NVML peaks of GPT-2, torch_train.py and churn under every allocator) and capacity
@@ -46,8 +46,9 @@ import memory_sections  # noqa: E402
 
 CUDA = os.environ.get("CUDA_HOME", "/usr/local/cuda")
 PROGRAMS = {"churn_bench": "tests/bench/churn_bench.cu", "threads_bench": "tests/bench/threads_bench.cu"}
-WORKLOADS = ("churn", "async", "threads", "torch", "observability")
-NEEDS = {"churn": "churn_bench", "async": "churn_bench", "observability": "churn_bench", "threads": "threads_bench",
+WORKLOADS = ("churn", "async", "threads", "torch", "observability", "observe")
+NEEDS = {"churn": "churn_bench", "async": "churn_bench", "observability": "churn_bench", "observe": "churn_bench",
+         "threads": "threads_bench",
          "profile": "churn_bench", "footprint": "churn_bench"}
 # Sections that are not workloads of the table: --only profile runs the call profile alone;
 # footprint and capacity (issue 13, tests/bench/memory_sections.py) run only when named.
@@ -271,6 +272,24 @@ def make_workloads(s, bins, only):
         runs.append(Run(f"torch / {name}", name, torch_train, dict(uncached, POOLSHIM_FREE="ordered", **options[name]),
                         torch_parser(bt.OBSERVE_TORCH), shim=True, losses=True, rounds=s.torch_rounds))
     out.append(Workload("observability", groups, runs, max(s.rounds, s.torch_rounds)))
+
+    # Observe mode's cost over the native run (issue 15): the same calls, each also tracked.
+    contenders = [bt.NATIVE, bt.OBSERVE_MODE, bt.OBSERVE_MODE_BT]
+    modes = {bt.NATIVE: None, bt.OBSERVE_MODE: {"POOLSHIM_MODE": "observe"},
+             bt.OBSERVE_MODE_BT: {"POOLSHIM_MODE": "observe", "POOLSHIM_BACKTRACE": "8"}}
+    groups = [bt.Group(bt.OBSERVE_MODE_CHURN, "observe", "us_per_pair",
+                       "us per cudaMalloc+cudaFree pair, 64 live, every call native", bt.NATIVE, bt.COST_PERCENT,
+                       contenders, show_delta=True),
+              bt.Group(bt.OBSERVE_MODE_TORCH, "observe", "step_ms",
+                       "median ms per PyTorch step, uncached (PYTORCH_NO_CUDA_MEMORY_CACHING=1)", bt.NATIVE,
+                       bt.COST_PERCENT, contenders, show_delta=True)]
+    churn_argv = [churn, "malloc", str(s.churn_iterations), "64", str(128 * MiB), "none", str(s.churn_warmup)]
+    runs = [Run(f"churn / {name}", name, churn_argv, env or {}, churn_parser(bt.OBSERVE_MODE_CHURN),
+                shim=env is not None, rounds=s.rounds) for name, env in modes.items()]
+    runs += [Run(f"torch / {name}", name, torch_train, dict(uncached, **(env or {})),
+                 torch_parser(bt.OBSERVE_MODE_TORCH), shim=env is not None, losses=True, rounds=s.torch_rounds)
+             for name, env in modes.items()]
+    out.append(Workload("observe", groups, runs, max(s.rounds, s.torch_rounds)))
     return [w for w in out if w.name in only]
 
 
