@@ -355,6 +355,20 @@ def _shown(value):
     return "?" if value is None else value
 
 
+def outside_text(last):
+    """The memory outside the pool of one device's last figures (schema 2), or "" when none:
+    allocations passed through, the application's VMM memory, the rest of the device's use."""
+    parts = []
+    if last.get("native_bytes_peak") and (last.get("reserved_bytes_peak") or 0) > 0:
+        parts.append(f"passed through peak {fmt_bytes(last['native_bytes_peak'])}")
+    if last.get("vmm_physical_bytes_peak"):
+        parts.append(f"VMM (cuMemCreate) peak {fmt_bytes(last['vmm_physical_bytes_peak'])}, "
+                     f"{fmt_bytes(last.get('vmm_physical_bytes'))} at the end")
+    if last.get("other_bytes"):
+        parts.append(f"other {fmt_bytes(last['other_bytes'])} at the end")
+    return ("outside the pool: " + "; ".join(parts)) if parts else ""
+
+
 def summary_text(path, records):
     """The launcher's end summary for one log: `records` as poolshim_report.model.read_records
     returns them (every field but the common four may be missing: shown as ?)."""
@@ -380,6 +394,9 @@ def summary_text(path, records):
                              f"tracked ({n('async_allocs')} async), {n('frees')} freed, nothing pooled")
                 lines.append(f"    peak tracked {fmt_bytes(last.get('native_bytes_peak'))}, peak requested "
                              f"{fmt_bytes(last.get('requested_bytes_peak'))}")
+                outside = outside_text(last)
+                if outside:
+                    lines.append(f"    {outside}")
                 lines.append(f"    out of memory: {n('ooms')}")
                 continue
             lines.append(f"  device {dev} ({_shown(names.get(dev))}): {n('allocs')} allocations pooled "
@@ -399,6 +416,9 @@ def summary_text(path, records):
             lines.append(f"    fragmentation: pool slack {fmt_share(last.get('pool_slack'))} at the end "
                          f"(highest sampled {fmt_share(d['max_pool_slack'])}), rounding waste "
                          f"{fmt_share(last.get('rounding_waste'))}")
+            outside = outside_text(last)
+            if outside:
+                lines.append(f"    {outside}")
             lines.append(f"    out of memory: {n('ooms')} ({n('oom_with_slack')} with enough unused pool memory), "
                          f"retried after a trim {n('oom_retries')} ({n('oom_retry_successes')} succeeded)")
         ex = p["exit"]

@@ -794,6 +794,23 @@ def case_launcher_summary_and_status(tmp):
     expect("no command given" in usage.stderr, usage.stderr)
 
 
+@case
+def case_launcher_observe_flag_and_memory_outside_the_pool(tmp):
+    launcher = os.path.join(ROOT, "scripts", "poolshim")
+    env = dict(launcher_env(), CUDADOUBLE_MEM="32M")
+    log = os.path.join(tmp, "log-%p.jsonl")
+    observed = subprocess.run([launcher, "--observe", "--log", log, "--", program("oom_cases"), "exhausted"], env=env,
+                              capture_output=True, text=True, timeout=60)
+    expect_equal(observed.returncode, 3, f"exit status\n{observed.stderr}")
+    for piece in ("observe mode, 8 allocations tracked (0 async), 0 freed, nothing pooled",
+                  "peak tracked 32.0 MiB", "8 tracked allocations"):
+        expect(piece in observed.stderr, f"missing {piece!r} in\n{observed.stderr}")
+    vmm = subprocess.run([launcher, "--log", log, "--", program("vmm_alloc"), "keep"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    expect_equal(vmm.returncode, 0, f"exit status\n{vmm.stderr}")
+    expect("outside the pool: VMM (cuMemCreate) peak 24.0 MiB, 8.0 MiB at the end" in vmm.stderr, vmm.stderr)
+
+
 def launcher_env():
     """The environment of the new launcher cases' commands (Python programs, some of which exec
     test programs). In a sanitizer build the runtime leads LD_PRELOAD (the launcher keeps it
