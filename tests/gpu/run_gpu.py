@@ -67,6 +67,7 @@ class Suite:
         self.library = os.path.join(build, "libpoolshim.so")
         self.results = {"cases": [], "measurements": {}}
         self.jax = False
+        self.skip_torch = False
         self.failures = 0
 
     # ---- building ---------------------------------------------------------------------
@@ -508,6 +509,33 @@ class Suite:
             return f"{shim.out.splitlines()[-1]}; other {d['other_bytes']} B; from {top}"
         self.case("the application's own VMM memory is in the log, with its call site (real driver)", vmm)
 
+        def torch_vmm():
+            native, shim, logs = self.differential(
+                "observe-torch-vmm", [sys.executable, os.path.join(HERE, "torch_vmm.py")],
+                {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "POOLSHIM_BACKTRACE": "8"}, timeout=300)
+            torch_peak = int(shim.out.split("reserved peak ")[1].split()[0])
+            main = [l for l in logs if exit_device(l)[1]["vmm_creates"] > 0]
+            expect_equal(len(main), 1, "logs with VMM memory")
+            ex, d = exit_device(main[0])
+            expect_equal(d["vmm_physical_bytes_peak"], torch_peak,
+                         "the log's VMM peak against PyTorch's own peak of reserved bytes")
+            sites = ex["devices"][0]["vmm_by_site"]
+            top = poolshim_log.site_text(sites[0]["site"]) if sites else "(none live at exit)"
+            return (f"VMM peak {d['vmm_physical_bytes_peak']} B = PyTorch's {torch_peak} B; {d['vmm_creates']} creates, "
+                    f"{d['vmm_maps']} maps; other {d['other_bytes']} B; top site at exit {top}")
+        if not self.skip_torch:
+            self.case("PyTorch expandable_segments: its VMM peak in the log equals PyTorch's own", torch_vmm)
+
+        def jax_vmm():
+            native, shim, logs = self.differential("observe-jax", [sys.executable, os.path.join(HERE, "jax_alloc.py")],
+                                                   {"PYTHONUNBUFFERED": "1"}, timeout=300)
+            rows = [exit_device(l)[1] for l in logs]
+            peak = max(d["vmm_physical_bytes_peak"] for d in rows)
+            expect(peak > 0, f"no VMM memory in the log: {rows}")
+            return f"{shim.out.strip()}; VMM peak {peak} B, creates {sum(d['vmm_creates'] for d in rows)}"
+        if self.jax:
+            self.case("JAX (platform allocator): its VMM memory is in the log", jax_vmm)
+
     def run_ipc_cases(self):
         """Issue 14 on the real driver: legacy IPC of pooled memory between a parent and its
         child, both ways, with kernels writing and reading the shared buffers, shared and static
@@ -652,6 +680,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     suite = Suite(os.path.realpath(args.build), os.path.realpath(args.out))
     suite.jax = args.jax
+    suite.skip_torch = args.skip_torch
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
                          capture_output=True, text=True).stdout.strip()
     suite.results["gpu"] = gpu
