@@ -75,8 +75,7 @@ DevicePool* Router::pool_for(int device) {
   if (pool_state_[device].load(std::memory_order_relaxed) == PoolState::failed) return nullptr;
   std::string error;
   PoolSettings settings = settings_;
-  const auto own_limit = config_.device_limits.find(device);
-  settings.cap = own_limit != config_.device_limits.end() ? own_limit->second : config_.limit;
+  settings.cap = limit_option(device);
   auto created = DevicePool::create(driver_, device, settings, &error);
   if (!created) {
     pool_state_[device].store(PoolState::failed, std::memory_order_relaxed);
@@ -197,22 +196,27 @@ bool Router::device_memory(CUcontext context, std::uint64_t* free, std::uint64_t
   return true;
 }
 
-OomReport Router::describe_oom(DevicePool& pool, std::size_t bytes, CUstream stream,
-                               bool async) const {
+OomReport Router::oom_report(int device, std::size_t bytes, CUstream stream, bool async) const {
   OomReport report;
   report.t_ns = now_ns();
-  report.device = pool.ordinal();
+  report.device = device;
   report.request = bytes;
   report.stream = reinterpret_cast<std::uintptr_t>(stream);
   report.async = async;
+  const DeviceStats& s = stats_[static_cast<std::size_t>(device)];
+  report.live_bytes = s.current(&CounterShard::requested_bytes_part);
+  report.live_count = s.current(&CounterShard::live_allocs_part);
+  return report;
+}
+
+OomReport Router::describe_oom(DevicePool& pool, std::size_t bytes, CUstream stream,
+                               bool async) const {
+  OomReport report = oom_report(pool.ordinal(), bytes, stream, async);
   report.retried = config_.oom_retry;
   report.device_info_valid = device_memory(pool, &report.device_free, &report.device_total);
   const PoolUsage u = pool.usage();
   report.reserved = u.reserved;
   report.used = handed_out(u, pool.heap().free_bytes());  // free blocks of the heap are slack
-  const DeviceStats& s = stats_[static_cast<std::size_t>(pool.ordinal())];
-  report.live_bytes = s.current(&CounterShard::requested_bytes_part);
-  report.live_count = s.current(&CounterShard::live_allocs_part);
   report.cap = pool.cap();
   return report;
 }
@@ -889,6 +893,11 @@ std::uint64_t Router::cap(int device) const {
   return pool != nullptr ? pool->cap() : 0;
 }
 
+SizeValue Router::limit_option(int device) const {
+  const auto own = config_.device_limits.find(device);
+  return own != config_.device_limits.end() ? own->second : config_.limit;
+}
+
 void Router::note_app_pool_alloc(int device) {
   if (valid_device(device)) stats(device).bump(&CounterShard::app_pool_allocs);
 }
@@ -979,10 +988,9 @@ void Router::note_current_context(int device) {
 
 void Router::observe_device(int device) {
   if (natives_.cap_known(device)) return;
-  // The cap as the pool would take it: POOLSHIM_LIMIT_<device> over POOLSHIM_LIMIT, a share of
-  // the device's memory resolved against it, and a cap the device cannot reach is none.
-  const auto own = config_.device_limits.find(device);
-  const SizeValue limit = own != config_.device_limits.end() ? own->second : config_.limit;
+  // The cap as the pool takes it (DevicePool::create): a share of the device's memory resolved
+  // against it, and a cap the device cannot reach is none.
+  const SizeValue limit = limit_option(device);
   std::uint64_t cap = 0;
   CUdevice dev = 0;
   std::size_t total = 0;
@@ -1068,12 +1076,7 @@ void Router::free_native(std::uintptr_t key, const Allocation& a, Fallback real,
 
 OomReport Router::describe_native_oom(int device, std::size_t bytes, CUstream stream,
                                       bool async) const {
-  OomReport report;
-  report.t_ns = now_ns();
-  report.device = device;
-  report.request = bytes;
-  report.stream = reinterpret_cast<std::uintptr_t>(stream);
-  report.async = async;
+  OomReport report = oom_report(device, bytes, stream, async);
   // The caller's context is the device's (the real function has just run in it).
   std::size_t f = 0;
   std::size_t t = 0;
@@ -1082,9 +1085,6 @@ OomReport Router::describe_native_oom(int device, std::size_t bytes, CUstream st
   report.device_total = t;
   // All the shim holds is what the application holds: no pool, no slack.
   report.reserved = report.used = natives_.live_bytes(device);
-  const DeviceStats& s = stats_[static_cast<std::size_t>(device)];
-  report.live_bytes = s.current(&CounterShard::requested_bytes_part);
-  report.live_count = s.current(&CounterShard::live_allocs_part);
   report.cap = natives_.cap(device);
   report.observe = true;
   return report;

@@ -295,7 +295,11 @@ class Router {
   /// The device's free and total memory as the driver sees it (cuMemGetInfo in its context).
   bool device_memory(const DevicePool& pool, std::uint64_t* free, std::uint64_t* total) const;
   bool device_memory(CUcontext context, std::uint64_t* free, std::uint64_t* total) const;
+  /// What every OOM report holds: the request and the device's live figures.
+  OomReport oom_report(int device, std::size_t bytes, CUstream stream, bool async) const;
   OomReport describe_oom(DevicePool& pool, std::size_t bytes, CUstream stream, bool async) const;
+  /// The `limit` option of `device`: POOLSHIM_LIMIT_<device> over POOLSHIM_LIMIT.
+  SizeValue limit_option(int device) const;
   void warn_once(std::atomic<bool>& flag, std::string text);
   DeviceStats& stats(int device) { return stats_[static_cast<std::size_t>(device)]; }
   static bool valid_device(int device) { return device >= 0 && device < kMaxDevices; }

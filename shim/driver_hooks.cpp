@@ -600,6 +600,15 @@ POOLSHIM_EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned i
 // Virtual-memory calls of the application (JAX's platform allocator, PyTorch's
 // expandable_segments, NCCL): the real call, then its books (pool/vmm_ledger.h), never pooled.
 // The pool's own calls go to the driver directly and never reach these.
+namespace {
+
+// The running core, for the books of a real call that succeeded (outermost calls only).
+Router* books_after(CUresult r, const HookScope& scope) {
+  return r == CUDA_SUCCESS && scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
+}
+
+}  // namespace
+
 POOLSHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                                      const CUmemAllocationProp* prop, unsigned long long flags) {
   HookScope scope;
@@ -612,9 +621,7 @@ POOLSHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_
 POOLSHIM_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   HookScope scope;
   const CUresult r = real::cuMemRelease()(handle);
-  Router* router =
-      r == CUDA_SUCCESS && scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
-  if (router != nullptr) router->vmm().record_release(handle);
+  if (Router* router = books_after(r, scope)) router->vmm().record_release(handle);
   return r;
 }
 
@@ -622,18 +629,14 @@ POOLSHIM_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                                   CUmemGenericAllocationHandle handle, unsigned long long flags) {
   HookScope scope;
   const CUresult r = real::cuMemMap()(ptr, size, offset, handle, flags);
-  Router* router =
-      r == CUDA_SUCCESS && scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
-  if (router != nullptr) router->vmm().record_map(ptr, size, handle);
+  if (Router* router = books_after(r, scope)) router->vmm().record_map(ptr, size, handle);
   return r;
 }
 
 POOLSHIM_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   HookScope scope;
   const CUresult r = real::cuMemUnmap()(ptr, size);
-  Router* router =
-      r == CUDA_SUCCESS && scope.outermost() ? poolshim::shim::router_if_running() : nullptr;
-  if (router != nullptr) router->vmm().record_unmap(ptr, size);
+  if (Router* router = books_after(r, scope)) router->vmm().record_unmap(ptr, size);
   return r;
 }
 
