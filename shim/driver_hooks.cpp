@@ -186,6 +186,7 @@ RealResult classify(CUresult r) {
 // classify, and the address the real allocation wrote (0 when it failed), for the core's books.
 RealResult served(CUresult r, const CUdeviceptr* out, CUdeviceptr* native) {
   *native = r == CUDA_SUCCESS ? *out : 0;
+  if (r == CUDA_SUCCESS) poolshim::shim::note_device_allocation();
   return classify(r);
 }
 
@@ -230,7 +231,7 @@ CUresult mem_alloc_async(Real real_fn, CUdeviceptr* dptr, size_t bytes, CUstream
         return served(result = real_fn(dptr, n, stream), dptr, native);
       })) {
     *dptr = p;
-    poolshim::shim::note_pooled_allocation();
+    poolshim::shim::note_device_allocation();
   }
   return result;
 }
@@ -356,7 +357,7 @@ POOLSHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
         return served(result = real_fn(dptr, n), dptr, native);
       })) {
     *dptr = p;
-    poolshim::shim::note_pooled_allocation();
+    poolshim::shim::note_device_allocation();
   }
   return result;
 }
@@ -614,7 +615,10 @@ POOLSHIM_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_
   HookScope scope;
   const CUresult r = real::cuMemCreate()(handle, size, prop, flags);
   Router* router = r == CUDA_SUCCESS && scope.outermost() ? router_for_call() : nullptr;
-  if (router != nullptr && handle != nullptr) router->note_vmm_create(*handle, size, prop);
+  if (router != nullptr && handle != nullptr) {
+    router->note_vmm_create(*handle, size, prop);
+    poolshim::shim::note_device_allocation();
+  }
   return r;
 }
 

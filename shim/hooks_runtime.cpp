@@ -73,7 +73,7 @@ cudaError_t malloc_async(void** ptr, size_t size, cudaStream_t stream, bool per_
         return served(result = real_fn(ptr, n, stream), ptr, native);
       })) {
     *ptr = reinterpret_cast<void*>(p);
-    poolshim::shim::note_pooled_allocation();
+    poolshim::shim::note_device_allocation();
   }
   return result;
 }
@@ -115,7 +115,7 @@ POOLSHIM_EXPORT cudaError_t cudaMalloc(void** devPtr, size_t size) {
         return served(result = real::cudaMalloc()(devPtr, n), devPtr, native);
       })) {
     *devPtr = reinterpret_cast<void*>(p);
-    poolshim::shim::note_pooled_allocation();
+    poolshim::shim::note_device_allocation();
   }
   return result;
 }

@@ -196,7 +196,7 @@ void start() {
 void on_exit() {
   State& s = state();
   if (s.forked_child_passthrough.load()) return;
-  // Registered twice (see note_pooled_allocation): the first call does the work.
+  // Registered twice (see note_device_allocation): the first call does the work.
   static std::atomic<bool> done{false};
   if (done.exchange(true)) return;
   // From here on every hook passes through: the runtime may tear down after this handler.
@@ -339,12 +339,12 @@ Router* router_if_running() {
                                                                                   : nullptr;
 }
 
-void note_pooled_allocation() {
+void note_device_allocation() {
   // The CUDA runtime and driver register their own exit teardown when they initialize, which
   // is after our constructor: handlers run in reverse order, so ours, registered at load, would
   // run after theirs, when the pools can no longer be queried (seen on an H200: every exit
   // record read 0 reserved). Registered again here, after they have initialized (they have by
-  // the first pooled allocation), it runs before them; the first call does the work.
+  // the first allocation), it runs before them; the first call does the work.
   static std::atomic<bool> registered{false};
   if (!registered.load(std::memory_order_relaxed) && !registered.exchange(true)) {
     std::atexit(on_exit);

@@ -13,8 +13,10 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 
 #define CUDART_DOUBLE_API extern "C" __attribute__((visibility("default")))
 
@@ -26,41 +28,42 @@ constexpr int kMaxDevices = 8;
 constexpr int kPerThreadFormsSince = 7000;
 
 // Driver functions looked up with the default flags only: member, base name, version, prototype.
-#define CUDART_DOUBLE_DRIVER_FUNCTIONS(X)                                                     \
-  X(init, "cuInit", 2000, cuInit)                                                             \
-  X(driverGetVersion, "cuDriverGetVersion", 2020, cuDriverGetVersion)                         \
-  X(deviceGetCount, "cuDeviceGetCount", 2000, cuDeviceGetCount)                               \
-  X(deviceGetAttribute, "cuDeviceGetAttribute", 2000, cuDeviceGetAttribute)                   \
-  X(devicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain)       \
-  X(devicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState) \
-  X(devicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2)      \
-  X(ctxGetCurrent, "cuCtxGetCurrent", 4000, cuCtxGetCurrent)                                  \
-  X(ctxSetCurrent, "cuCtxSetCurrent", 4000, cuCtxSetCurrent)                                  \
-  X(ctxSynchronize, "cuCtxSynchronize", 2000, cuCtxSynchronize)                               \
-  X(memGetInfo, "cuMemGetInfo", 3020, cuMemGetInfo_v2)                                        \
-  X(memAlloc, "cuMemAlloc", 3020, cuMemAlloc_v2)                                              \
-  X(memFree, "cuMemFree", 3020, cuMemFree_v2)                                                 \
-  X(memAllocHost, "cuMemAllocHost", 3020, cuMemAllocHost_v2)                                  \
-  X(memFreeHost, "cuMemFreeHost", 2000, cuMemFreeHost)                                        \
-  X(streamCreate, "cuStreamCreate", 2000, cuStreamCreate)                                     \
-  X(streamDestroy, "cuStreamDestroy", 4000, cuStreamDestroy_v2)                               \
-  X(threadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode", 10010,              \
-    cuThreadExchangeStreamCaptureMode)                                                        \
-  X(graphDestroy, "cuGraphDestroy", 10000, cuGraphDestroy)                                    \
-  X(eventCreate, "cuEventCreate", 2000, cuEventCreate)                                        \
-  X(eventSynchronize, "cuEventSynchronize", 2000, cuEventSynchronize)                         \
-  X(eventDestroy, "cuEventDestroy", 4000, cuEventDestroy_v2)                                  \
-  X(ipcGetMemHandle, "cuIpcGetMemHandle", 4010, cuIpcGetMemHandle)                            \
-  X(ipcOpenMemHandle, "cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2)                     \
-  X(ipcCloseMemHandle, "cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle)                      \
-  X(deviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool)   \
-  X(deviceGetMemPool, "cuDeviceGetMemPool", 11020, cuDeviceGetMemPool)                        \
-  X(deviceSetMemPool, "cuDeviceSetMemPool", 11020, cuDeviceSetMemPool)                        \
-  X(memPoolCreate, "cuMemPoolCreate", 11020, cuMemPoolCreate)                                 \
-  X(memPoolDestroy, "cuMemPoolDestroy", 11020, cuMemPoolDestroy)                              \
-  X(memPoolSetAttribute, "cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute)               \
-  X(memPoolGetAttribute, "cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute)               \
-  X(memPoolTrimTo, "cuMemPoolTrimTo", 11020, cuMemPoolTrimTo)                                 \
+#define CUDART_DOUBLE_DRIVER_FUNCTIONS(X)                                                      \
+  X(init, "cuInit", 2000, cuInit)                                                              \
+  X(driverGetVersion, "cuDriverGetVersion", 2020, cuDriverGetVersion)                          \
+  X(deviceGetCount, "cuDeviceGetCount", 2000, cuDeviceGetCount)                                \
+  X(deviceGetAttribute, "cuDeviceGetAttribute", 2000, cuDeviceGetAttribute)                    \
+  X(devicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain)        \
+  X(devicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState", 7000, cuDevicePrimaryCtxGetState)  \
+  X(devicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2) \
+  X(devicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2)       \
+  X(ctxGetCurrent, "cuCtxGetCurrent", 4000, cuCtxGetCurrent)                                   \
+  X(ctxSetCurrent, "cuCtxSetCurrent", 4000, cuCtxSetCurrent)                                   \
+  X(ctxSynchronize, "cuCtxSynchronize", 2000, cuCtxSynchronize)                                \
+  X(memGetInfo, "cuMemGetInfo", 3020, cuMemGetInfo_v2)                                         \
+  X(memAlloc, "cuMemAlloc", 3020, cuMemAlloc_v2)                                               \
+  X(memFree, "cuMemFree", 3020, cuMemFree_v2)                                                  \
+  X(memAllocHost, "cuMemAllocHost", 3020, cuMemAllocHost_v2)                                   \
+  X(memFreeHost, "cuMemFreeHost", 2000, cuMemFreeHost)                                         \
+  X(streamCreate, "cuStreamCreate", 2000, cuStreamCreate)                                      \
+  X(streamDestroy, "cuStreamDestroy", 4000, cuStreamDestroy_v2)                                \
+  X(threadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode", 10010,               \
+    cuThreadExchangeStreamCaptureMode)                                                         \
+  X(graphDestroy, "cuGraphDestroy", 10000, cuGraphDestroy)                                     \
+  X(eventCreate, "cuEventCreate", 2000, cuEventCreate)                                         \
+  X(eventSynchronize, "cuEventSynchronize", 2000, cuEventSynchronize)                          \
+  X(eventDestroy, "cuEventDestroy", 4000, cuEventDestroy_v2)                                   \
+  X(ipcGetMemHandle, "cuIpcGetMemHandle", 4010, cuIpcGetMemHandle)                             \
+  X(ipcOpenMemHandle, "cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2)                      \
+  X(ipcCloseMemHandle, "cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle)                       \
+  X(deviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool)    \
+  X(deviceGetMemPool, "cuDeviceGetMemPool", 11020, cuDeviceGetMemPool)                         \
+  X(deviceSetMemPool, "cuDeviceSetMemPool", 11020, cuDeviceSetMemPool)                         \
+  X(memPoolCreate, "cuMemPoolCreate", 11020, cuMemPoolCreate)                                  \
+  X(memPoolDestroy, "cuMemPoolDestroy", 11020, cuMemPoolDestroy)                               \
+  X(memPoolSetAttribute, "cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute)                \
+  X(memPoolGetAttribute, "cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute)                \
+  X(memPoolTrimTo, "cuMemPoolTrimTo", 11020, cuMemPoolTrimTo)                                  \
   X(pointerGetAttribute, "cuPointerGetAttribute", 4000, cuPointerGetAttribute)
 
 // Driver functions with a per-thread default stream form, looked up a second time with
@@ -338,6 +341,22 @@ CUresult afterInit(const DriverApi& api, Call&& call) {
 thread_local int t_device = 0;
 std::array<std::atomic<CUcontext>, kMaxDevices> g_primary_contexts{};
 
+// The runtime's teardown at exit, as the real one's: it gives up its reference to each primary
+// context it retained, so a context nobody else retains is destroyed with everything in it
+// before handlers registered earlier (such as a preloaded library's at load) run.
+void releasePrimaryContexts() {
+  const DriverApi* api = nullptr;
+  if (driver(&api) != cudaSuccess) return;
+  for (int device = 0; device < kMaxDevices; ++device) {
+    if (g_primary_contexts[device].exchange(nullptr) == nullptr) continue;
+    unsigned flags = 0;
+    int active = 0;
+    if (api->devicePrimaryCtxGetState(device, &flags, &active) == CUDA_SUCCESS && active) {
+      api->devicePrimaryCtxRelease(device);
+    }
+  }
+}
+
 // Makes the primary context of the thread's current device current, retaining it once per
 // device (again after the driver destroyed it), like the CUDA 12+ runtime.
 cudaError_t enterContext(const DriverApi** out) {
@@ -356,6 +375,8 @@ cudaError_t enterContext(const DriverApi** out) {
     if (!active || primary == nullptr) {
       if (CUresult r = api->devicePrimaryCtxRetain(&primary, device)) return toRuntimeError(r);
       g_primary_contexts[device].store(primary);
+      static std::once_flag teardown;
+      std::call_once(teardown, [] { std::atexit(releasePrimaryContexts); });
     }
     if (CUresult r = api->ctxSetCurrent(primary)) return toRuntimeError(r);
   }

@@ -475,6 +475,8 @@ class Suite:
                     expect_equal(ex["pooled_allocs"], 0, "pooled in observe mode")
                     expect_equal((d["reserved_bytes_peak"], d["cached_bytes_peak"]), (0, 0), "no pool")
                     expect(d["allocs"] > 0 and d["native_bytes_peak"] > 0, f"nothing tracked: {d}")
+                    # Read before the runtime's teardown destroys the primary context.
+                    expect(d["device_free"] is not None and d["other_bytes"] is not None, f"device figures at exit: {d}")
                     return (f"rc {shim.rc}, {d['allocs']} tracked, peak {d['native_bytes_peak']} B, "
                             f"other {d['other_bytes']} B")
                 self.case(f"observe mode: {name} {' '.join(args)} as natively [{runtime}]", differential)
@@ -504,6 +506,7 @@ class Suite:
             ex, d = exit_device(logs[0])
             expect_equal((d["vmm_physical_bytes"], d["vmm_physical_bytes_peak"]), (8 << 20, 24 << 20), "VMM bytes")
             expect_equal(d["vmm_released_mapped_bytes_total"], 8 << 20, "released while mapped")
+            expect(d["device_free"] is not None and d["other_bytes"] is not None, f"device figures at exit: {d}")
             top = poolshim_log.site_text(ex["devices"][0]["vmm_by_site"][0]["site"])
             expect(top.startswith("(anonymous namespace)::make_physical"), f"VMM call site: {top}")
             return f"{shim.out.splitlines()[-1]}; other {d['other_bytes']} B; from {top}"
