@@ -65,6 +65,7 @@ class Suite:
         self.build = build
         self.out = out
         self.library = os.path.join(build, "libpoolshim.so")
+        self.probe = os.path.join(build, "gpu", "vmm_probe.so")
         self.results = {"cases": [], "measurements": {}}
         self.jax = False
         self.skip_torch = False
@@ -91,6 +92,10 @@ class Suite:
                 jobs.append(["g++", "-O1", "-g", "-std=c++17", "-fsanitize=thread", "-Itests/programs",
                              "-I" + os.path.join(CUDA, "include"), os.path.join(ROOT, source), "-o", target,
                              "-L" + os.path.join(CUDA, "lib64"), *libraries, "-lpthread"])
+        # The independent VMM counter (issue 15): CUPTI's callbacks, loaded by the driver itself.
+        jobs.append(["gcc", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-I" + os.path.join(CUDA, "include"),
+                     os.path.join(ROOT, "tests/gpu/vmm_probe.c"), "-o", self.probe, "-L" + os.path.join(CUDA, "lib64"),
+                     "-lcupti", "-lpthread", "-Wl,-rpath," + os.path.join(CUDA, "lib64")])
         with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 4) as pool:
             done = list(pool.map(lambda cmd: subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True), jobs))
         for cmd, d in zip(jobs, done):
@@ -500,44 +505,85 @@ class Suite:
                 return f"{shim.out.strip()}; OOM at {o['used_bytes']} B tracked, from {top}"
             self.case(f"observe mode: OOM under POOLSHIM_LIMIT=8G, its call site named [{runtime}]", capped)
 
+        def probed(case, args, extra, timeout=300):
+            """A differential run with the independent VMM counter in both processes: the native
+            run's and the shim's counts, and the logs with VMM memory."""
+            folder = self.logdir(case)
+            probe = {"CUDA_INJECTION64_PATH": self.probe, "VMM_PROBE_DIR": folder}
+            native, shim, logs = self.differential(case, args, dict(extra, **probe), timeout)
+            counts = {}
+            for name in os.listdir(folder):
+                if name.startswith("probe-"):
+                    with open(os.path.join(folder, name)) as f:
+                        words = f.read().split()
+                    counts[int(name[6:-4])] = dict(zip(words[::2], map(int, words[1::2])))
+            main = [l for l in logs if exit_device(l)[1]["vmm_creates"] > 0]
+            expect_equal(len(main), 1, "logs with VMM memory")
+            pid = main[0][0]["pid"]
+            expect(pid in counts and len(counts) == 2, f"probe counts {counts} (shim pid {pid})")
+            ours = counts.pop(pid)
+            theirs = next(iter(counts.values()))
+            expect_equal((ours["lost"], theirs["lost"]), (0, 0), f"handles the probe lost: {ours} {theirs}")
+            return native, shim, main[0], ours, theirs
+
         def vmm():
-            native, shim, logs = self.differential("observe-vmm", [self.binary("vmm_alloc", "none"), "keep"],
-                                                   {"POOLSHIM_BACKTRACE": "8"})
-            ex, d = exit_device(logs[0])
+            # Also the CUPTI probe's self-check: on a program whose VMM calls are known, it must
+            # count exactly them (3 creates of 8 MiB, 2 releases), or its other comparisons mean nothing.
+            native, shim, log, probe, native_probe = probed("observe-vmm", [self.binary("vmm_alloc", "none"), "keep"],
+                                                            {"POOLSHIM_BACKTRACE": "8"})
+            for counts in (probe, native_probe):
+                expect_equal(counts, {"creates": 3, "releases": 2, "live": 8 << 20, "peak": 24 << 20, "lost": 0},
+                             "the probe's counts of vmm_alloc's calls")
+            ex, d = exit_device(log)
             expect_equal((d["vmm_physical_bytes"], d["vmm_physical_bytes_peak"]), (8 << 20, 24 << 20), "VMM bytes")
             expect_equal(d["vmm_released_mapped_bytes_total"], 8 << 20, "released while mapped")
             expect(d["device_free"] is not None and d["other_bytes"] is not None, f"device figures at exit: {d}")
             top = poolshim_log.site_text(ex["devices"][0]["vmm_by_site"][0]["site"])
             expect(top.startswith("(anonymous namespace)::make_physical"), f"VMM call site: {top}")
-            return f"{shim.out.splitlines()[-1]}; other {d['other_bytes']} B; from {top}"
-        self.case("the application's own VMM memory is in the log, with its call site (real driver)", vmm)
+            return f"{shim.out.splitlines()[-1]}; probe {probe}; other {d['other_bytes']} B; from {top}"
+        self.case("the application's own VMM memory is in the log, with its call site; the CUPTI probe counts "
+                  "it exactly (real driver)", vmm)
 
-        def torch_vmm():
-            native, shim, logs = self.differential(
-                "observe-torch-vmm", [sys.executable, os.path.join(HERE, "torch_vmm.py")],
-                {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "POOLSHIM_BACKTRACE": "8"}, timeout=300)
+        def torch_vmm(mode):
+            native, shim, log, probe, native_probe = probed(
+                f"{mode}-torch-vmm", [sys.executable, os.path.join(HERE, "torch_vmm.py")],
+                {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "POOLSHIM_BACKTRACE": "8", "POOLSHIM_MODE": mode})
             torch_peak = int(shim.out.split("reserved peak ")[1].split()[0])
-            main = [l for l in logs if exit_device(l)[1]["vmm_creates"] > 0]
-            expect_equal(len(main), 1, "logs with VMM memory")
-            ex, d = exit_device(main[0])
+            ex, d = exit_device(log)
             expect_equal(d["vmm_physical_bytes_peak"], torch_peak,
                          "the log's VMM peak against PyTorch's own peak of reserved bytes")
+            expect(d["device_free"] is not None and d["other_bytes"] is not None, f"device figures at exit: {d}")
+            if mode == "observe":  # the pool makes no VMM calls of its own to count
+                expect_equal((d["vmm_physical_bytes_peak"], d["vmm_creates"]), (probe["peak"], probe["creates"]),
+                             "the log's VMM peak and creates against the CUPTI probe's")
+                expect_equal(native_probe["peak"], probe["peak"], "the probe's peak natively and in observe mode")
             sites = ex["devices"][0]["vmm_by_site"]
             top = poolshim_log.site_text(sites[0]["site"]) if sites else "(none live at exit)"
-            return (f"VMM peak {d['vmm_physical_bytes_peak']} B = PyTorch's {torch_peak} B; {d['vmm_creates']} creates, "
-                    f"{d['vmm_maps']} maps; other {d['other_bytes']} B; top site at exit {top}")
+            return (f"VMM peak {d['vmm_physical_bytes_peak']} B = PyTorch's {torch_peak} B; probe (CUPTI) peak "
+                    f"{probe['peak']} B, {probe['creates']} creates (native run: {native_probe['peak']} B); log "
+                    f"{d['vmm_creates']} creates, {d['vmm_maps']} maps; other {d['other_bytes']} B; top site at exit {top}")
         if not self.skip_torch:
-            self.case("PyTorch expandable_segments: its VMM peak in the log equals PyTorch's own", torch_vmm)
+            for mode in ("pool", "observe"):
+                self.case(f"PyTorch expandable_segments [{mode} mode]: its VMM peak in the log equals PyTorch's own"
+                          + (" and the CUPTI probe's" if mode == "observe" else ""),
+                          lambda mode=mode: torch_vmm(mode))
 
         def jax_vmm():
-            native, shim, logs = self.differential("observe-jax", [sys.executable, os.path.join(HERE, "jax_alloc.py")],
-                                                   {"PYTHONUNBUFFERED": "1"}, timeout=300)
-            rows = [exit_device(l)[1] for l in logs]
-            peak = max(d["vmm_physical_bytes_peak"] for d in rows)
-            expect(peak > 0, f"no VMM memory in the log: {rows}")
-            return f"{shim.out.strip()}; VMM peak {peak} B, creates {sum(d['vmm_creates'] for d in rows)}"
+            native, shim, log, probe, native_probe = probed(
+                "observe-jax", [sys.executable, os.path.join(HERE, "jax_alloc.py")],
+                {"PYTHONUNBUFFERED": "1", "POOLSHIM_MODE": "observe", "POOLSHIM_BACKTRACE": "8"})
+            ex, d = exit_device(log)
+            expect(d["vmm_physical_bytes_peak"] > 0, f"no VMM memory in the log: {d}")
+            expect_equal((d["vmm_physical_bytes_peak"], d["vmm_creates"]), (probe["peak"], probe["creates"]),
+                         "the log's VMM peak and creates against the CUPTI probe's")
+            sites = ex["devices"][0]["vmm_by_site"]
+            top = poolshim_log.site_text(sites[0]["site"]) if sites else "(none live at exit)"
+            return (f"{shim.out.strip()}; VMM peak {d['vmm_physical_bytes_peak']} B = probe's {probe['peak']} B "
+                    f"(native run {native_probe['peak']} B), creates {d['vmm_creates']}; other {d['other_bytes']} B; "
+                    f"top site at exit {top}")
         if self.jax:
-            self.case("JAX (platform allocator): its VMM memory is in the log", jax_vmm)
+            self.case("JAX (platform allocator) in observe mode: its VMM peak in the log equals the CUPTI probe's",
+                      jax_vmm)
 
     def run_ipc_cases(self):
         """Issue 14 on the real driver: legacy IPC of pooled memory between a parent and its
