@@ -816,6 +816,25 @@ def case_launcher_observe_flag_and_memory_outside_the_pool(tmp):
     expect("outside the pool: VMM (cuMemCreate) peak 24.0 MiB, 8.0 MiB at the end" in vmm.stderr, vmm.stderr)
 
 
+@case
+def case_launcher_refuses_a_poolshim_library_that_is_not_one(tmp):
+    """A POOLSHIM_LIBRARY that names no ELF file is an error (status 2), not skipped for
+    another copy; the command does not run."""
+    launcher = os.path.join(ROOT, "scripts", "poolshim")
+    text = os.path.join(tmp, "text.so")
+    with open(text, "w") as f:
+        f.write("not a library\n")
+    ran = os.path.join(tmp, "ran")
+    for named, why in ((os.path.join(tmp, "missing.so"), "No such file or directory"), (text, "not an ELF file"),
+                       (tmp, "Is a directory")):
+        env = dict(launcher_env(), POOLSHIM_LIBRARY=named)
+        done = subprocess.run([launcher, "--log", os.path.join(tmp, "log-%p.jsonl"), "--", "touch", ran], env=env,
+                              capture_output=True, text=True, timeout=60)
+        expect_equal((done.returncode, done.stdout, done.stderr),
+                     (2, "", f"poolshim: error: POOLSHIM_LIBRARY={named} names no loadable library: {why}\n"), named)
+        expect(not os.path.exists(ran), f"the command ran with POOLSHIM_LIBRARY={named}")
+
+
 def launcher_env():
     """The environment of the new launcher cases' commands (Python programs, some of which exec
     test programs). In a sanitizer build the runtime leads LD_PRELOAD (the launcher keeps it
