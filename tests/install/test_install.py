@@ -168,6 +168,7 @@ class Refused(unittest.TestCase):
             cache = open(os.path.join(ARGS.build, "CMakeCache.txt")).read()
             settings = [f"-D{m[0]}={m[1]}" for m in
                         re.findall(r"^(CMAKE_PREFIX_PATH|CUDAToolkit_ROOT)[:A-Z]*=(.*)$", cache, re.MULTILINE)]
+            settings += ["-G", re.search(r"^CMAKE_GENERATOR:INTERNAL=(.*)$", cache, re.MULTILINE).group(1)]
             configured = run(["cmake", "-S", ROOT, "-B", build, "-DPOOLSHIM_TESTS=OFF"] + settings)
             self.assertEqual(configured.returncode, 0, configured.stdout + configured.stderr)
             done = run(["cmake", "--install", build, "--prefix", prefix])
