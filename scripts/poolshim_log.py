@@ -24,6 +24,10 @@ import re
 import reprlib
 import socket
 
+# poolshim's version is set in one place, CMakeLists.txt's project(): an installed copy of this
+# module has the next line rewritten to it (CMakeLists.txt), the source tree's reads it there.
+VERSION = None
+
 SCHEMA_VERSION = 2  # the one written now
 SCHEMA_VERSIONS = (1, 2)  # 2 added fields only: a version 1 log reads the same
 RECORD_TYPES = ("start", "sample", "oom", "warning", "exit")
@@ -34,6 +38,18 @@ MIN_INT, MAX_INT = -2 ** 63, 2 ** 64 - 1
 MAX_NUMBER = 2.0 ** 64
 MAX_T = 2 ** 31
 MAX_PID = 2 ** 31 - 1
+
+
+def version():
+    """poolshim's version ("0.2.0"), or "unknown" in a source tree without its CMakeLists.txt."""
+    if VERSION:
+        return VERSION
+    try:
+        with open(os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "CMakeLists.txt")) as f:
+            found = re.search(r"^project\(poolshim VERSION ([0-9.]+)", f.read(), re.MULTILINE)
+    except OSError:
+        found = None
+    return found.group(1) if found else "unknown"
 
 
 class LogError(Exception):

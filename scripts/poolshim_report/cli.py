@@ -4,6 +4,7 @@ import argparse
 import os
 import sys
 
+import poolshim_log
 from poolshim_log import LogError
 
 from . import model
@@ -61,6 +62,7 @@ class _Parser(argparse.ArgumentParser):
 def parser():
     p = _Parser(prog=PROG, description=DESCRIPTION, epilog=EPILOG,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"{PROG} {poolshim_log.version()}")
     p.add_argument("logs", metavar="LOG", nargs="+", help="poolshim log file(s) (JSON Lines)")
     p.add_argument("--full", action="store_true",
                    help="print everything: every OOM with the pool's state, live memory by call site and the "

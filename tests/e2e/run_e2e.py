@@ -816,6 +816,82 @@ def case_launcher_observe_flag_and_memory_outside_the_pool(tmp):
     expect("outside the pool: VMM (cuMemCreate) peak 24.0 MiB, 8.0 MiB at the end" in vmm.stderr, vmm.stderr)
 
 
+@case
+def case_launcher_takes_the_command_without_double_dash(tmp):
+    """The command starts at the first argument that is neither a launcher option nor its value;
+    everything after it is the command's, `--` and launcher-like options included."""
+    launcher = os.path.join(ROOT, "scripts", "poolshim")
+    env = launcher_env()
+    log = os.path.join(tmp, "log-%p.jsonl")
+    echoed = subprocess.run([launcher, "--no-summary", "--log", log, "sh", "-c", 'printf "%s|" "$@"', "sh", "a", "--",
+                             "--log", "b"], env=env, capture_output=True, text=True, timeout=60)
+    expect_equal((echoed.returncode, echoed.stdout, echoed.stderr), (0, "a|--|--log|b|", ""), "the command's arguments")
+    done = subprocess.run([launcher, "--log", log, program("demo"), "10", str(1 << 16)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    expect_equal(done.returncode, 0, f"exit status\n{done.stderr}")
+    expect("71 allocations pooled (0 async), 70 freed" in done.stderr, done.stderr)
+    expect("no log written" not in done.stderr, done.stderr)
+
+
+@case
+def case_launcher_says_when_no_log_was_written(tmp):
+    """A command that allocated no device memory under the shim (none at all, or with the shim
+    off) leaves no log: one line says so, and the status stays the command's."""
+    launcher = os.path.join(ROOT, "scripts", "poolshim")
+    log = os.path.join(tmp, "log-%p.jsonl")
+    line = f"poolshim: no log written ({log}): the command allocated no device memory under the shim, or did not load it"
+    for command, extra, status in ((["sh", "-c", "exit 5"], {}, 5),
+                                   ([program("demo"), "2", "1024"], {"POOLSHIM_ENABLE": "0"}, 0)):
+        done = subprocess.run([launcher, "--log", log, "--"] + command, env=dict(launcher_env(), **extra),
+                              capture_output=True, text=True, timeout=60)
+        said = [s for s in done.stderr.splitlines() if s.startswith("poolshim")]   # the demo times itself there
+        expect_equal((done.returncode, said), (status, [line]), f"{command} {extra}")
+    expect_equal(logs(tmp), [], "log files")
+
+
+@case
+def case_launcher_exit_status_126_and_127_as_shells_give(tmp):
+    """127 when there is no such command, 126 when there is one that cannot be executed."""
+    launcher = os.path.join(ROOT, "scripts", "poolshim")
+    not_executable = os.path.join(tmp, "not-executable")
+    with open(not_executable, "w") as f:
+        f.write("#!/bin/sh\n")
+    os.chmod(not_executable, 0o644)
+    bad_interpreter = os.path.join(tmp, "bad-interpreter")
+    with open(bad_interpreter, "w") as f:
+        f.write("#!/nonexistent/interpreter\n")
+    os.chmod(bad_interpreter, 0o755)
+    missing = os.path.join(tmp, "missing")
+    for command, status, why in ((missing, 127, "No such file or directory"),
+                                 ("poolshim-no-such-command", 127, "No such file or directory"),
+                                 (not_executable, 126, "Permission denied"),
+                                 (tmp, 126, "Permission denied"),
+                                 (bad_interpreter, 126, "No such file or directory")):
+        done = subprocess.run([launcher, "--log", os.path.join(tmp, "log-%p.jsonl"), "--", command], env=launcher_env(),
+                              capture_output=True, text=True, timeout=60)
+        expect_equal((done.returncode, done.stdout, done.stderr),
+                     (status, "", f"poolshim: error: cannot run {command}: {why}\n"), command)
+
+
+@case
+def case_launcher_refuses_a_poolshim_library_that_is_not_one(tmp):
+    """A POOLSHIM_LIBRARY that names no ELF file is an error (status 2), not skipped for
+    another copy; the command does not run."""
+    launcher = os.path.join(ROOT, "scripts", "poolshim")
+    text = os.path.join(tmp, "text.so")
+    with open(text, "w") as f:
+        f.write("not a library\n")
+    ran = os.path.join(tmp, "ran")
+    for named, why in ((os.path.join(tmp, "missing.so"), "No such file or directory"), (text, "not an ELF file"),
+                       (tmp, "Is a directory")):
+        env = dict(launcher_env(), POOLSHIM_LIBRARY=named)
+        done = subprocess.run([launcher, "--log", os.path.join(tmp, "log-%p.jsonl"), "--", "touch", ran], env=env,
+                              capture_output=True, text=True, timeout=60)
+        expect_equal((done.returncode, done.stdout, done.stderr),
+                     (2, "", f"poolshim: error: POOLSHIM_LIBRARY={named} names no loadable library: {why}\n"), named)
+        expect(not os.path.exists(ran), f"the command ran with POOLSHIM_LIBRARY={named}")
+
+
 def launcher_env():
     """The environment of the new launcher cases' commands (Python programs, some of which exec
     test programs). In a sanitizer build the runtime leads LD_PRELOAD (the launcher keeps it

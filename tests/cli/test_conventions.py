@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""The scripts' command-line conventions, without a build or a GPU: `--help` prints usage and
+exits 0 without running anything, `--version` prints the project's version (CMakeLists.txt
+passes it).
+
+    test_conventions.py --version V
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SCRIPTS = os.path.join(ROOT, "scripts")
+VERSION = None
+
+# Stand-ins, first on PATH, for every tool that the scripts run when they do their job: each
+# records that it was called, and fails (no GPU, nothing installed or built).
+STAND_INS = ("nvidia-smi", "apt-get", "apt", "sudo", "dpkg", "dpkg-query", "cmake", "ninja", "make", "nvcc")
+
+USAGE = {
+    "demo": "usage: scripts/demo [steps] [elements]",
+    "setup": "usage: scripts/setup [--prefix DIR]",
+    "bench": "usage: scripts/bench [--out DIR] [--quick] [--only WORKLOAD,...] [--no-build]",
+    "poolshim": "usage: poolshim [--log PATH] [--conf k=v,...] [--observe] [--verbose] [--no-summary] [--] command "
+                "[args...]",
+    "poolshim-report": "usage: poolshim-report [-h] [--version] [--full] [--html FILE]",
+}
+
+
+class Conventions(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="poolshim-cli-")
+        self.calls = os.path.join(self.tmp.name, "calls")
+        bin_dir = os.path.join(self.tmp.name, "bin")
+        os.mkdir(bin_dir)
+        for tool in STAND_INS:
+            path = os.path.join(bin_dir, tool)
+            with open(path, "w") as f:
+                f.write(f'#!/bin/sh\necho "{tool} $*" >> "{self.calls}"\nexit 1\n')
+            os.chmod(path, 0o755)
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("POOLSHIM_")}
+        self.env["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_script(self, name, *args):
+        # In an empty folder: a script that did its job anyway would leave its log or build there.
+        work = os.path.join(self.tmp.name, "work")
+        shutil.rmtree(work, ignore_errors=True)
+        os.mkdir(work)
+        if os.path.exists(self.calls):
+            os.unlink(self.calls)
+        done = subprocess.run([os.path.join(SCRIPTS, name), *args], env=self.env, cwd=work, capture_output=True,
+                              text=True, timeout=60)
+        called = open(self.calls).read() if os.path.exists(self.calls) else ""
+        self.assertEqual(called, "", f"{name} {' '.join(args)} ran tools")
+        self.assertEqual(os.listdir(work), [], f"{name} {' '.join(args)} wrote files")
+        return done
+
+    def test_help_prints_usage_and_exits_0_running_nothing(self):
+        for name, usage in USAGE.items():
+            for option in ("--help", "-h"):
+                with self.subTest(script=name, option=option):
+                    done = self.run_script(name, option)
+                    self.assertEqual((done.returncode, done.stderr), (0, ""), f"{name} {option}")
+                    self.assertEqual(done.stdout.splitlines()[0], usage)
+
+    def test_version_is_the_projects(self):
+        for name in ("poolshim", "poolshim-report"):
+            done = self.run_script(name, "--version")
+            self.assertEqual((done.returncode, done.stdout, done.stderr), (0, f"{name} {VERSION}\n", ""))
+
+
+def main():
+    global VERSION
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", required=True)
+    args, rest = parser.parse_known_args()
+    VERSION = args.version
+    unittest.main(argv=[sys.argv[0]] + rest)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""`cmake --install` of a built tree (README "Install"): the layout it makes, and the installed
+tools run from it, moved to another prefix, over the CPU test double. Also that an unbuilt or
+unconfigured tree refuses to install. CMakeLists.txt passes the layout it installs to:
+
+    test_install.py --build BUILD --version V --bindir D --libdir D --python D --docdir D
+"""
+
+import argparse
+import glob
+import os
+import re
+import runpy
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))
+from harness import clean_environment, poolshim_log, sanitizer_runtime  # noqa: E402
+
+ARGS = None
+
+
+def run(args, env=None, cwd=None):
+    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def tree(prefix):
+    """{relative path: "file", "-> target" for a link} of every file and link under prefix."""
+    found = {}
+    for folder, dirs, files in os.walk(prefix):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, prefix)
+            if os.path.islink(path):
+                found[rel] = "-> " + os.readlink(path)
+            elif os.path.isfile(path):
+                found[rel] = "file"
+    return found
+
+
+class Installed(unittest.TestCase):
+    """One install into a temporary prefix, then moved elsewhere: nothing may depend on where
+    it was installed, or on the source tree."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="poolshim-install-")
+        staged = os.path.join(cls.tmp, "staged")
+        cls.install = run(["cmake", "--install", ARGS.build, "--prefix", staged])
+        cls.prefix = os.path.join(cls.tmp, "moved")
+        if cls.install.returncode == 0:
+            os.rename(staged, cls.prefix)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    def setUp(self):
+        self.assertEqual(self.install.returncode, 0, self.install.stdout + self.install.stderr)
+
+    def path(self, *parts):
+        return os.path.join(self.prefix, *parts)
+
+    def test_layout_is_the_library_the_tools_their_modules_and_the_docs(self):
+        major = ARGS.version.split(".")[0]
+        lib = ARGS.libdir
+        wanted = {
+            f"{ARGS.bindir}/poolshim": "file",
+            f"{ARGS.bindir}/poolshim-report": "file",
+            f"{lib}/libpoolshim.so.{ARGS.version}": "file",
+            f"{lib}/libpoolshim.so.{major}": f"-> libpoolshim.so.{ARGS.version}",
+            f"{lib}/libpoolshim.so": f"-> libpoolshim.so.{major}",
+            f"{ARGS.python}/poolshim_log.py": "file",
+            f"{ARGS.docdir}/README.md": "file",
+            f"{ARGS.docdir}/DESIGN.md": "file",
+        }
+        for module in sorted(glob.glob(os.path.join(ROOT, "scripts", "poolshim_report", "*.py"))):
+            wanted[f"{ARGS.python}/poolshim_report/{os.path.basename(module)}"] = "file"
+        # No test double, no test program, nothing else.
+        self.assertEqual(tree(self.prefix), wanted)
+        for tool in ("poolshim", "poolshim-report"):
+            self.assertTrue(os.access(self.path(ARGS.bindir, tool), os.X_OK), f"{tool} is not executable")
+
+    def test_library_has_the_versioned_soname(self):
+        major = ARGS.version.split(".")[0]
+        done = run(["readelf", "-d", self.path(ARGS.libdir, f"libpoolshim.so.{ARGS.version}")])
+        self.assertEqual(done.returncode, 0, done.stderr)
+        sonames = re.findall(r"\(SONAME\)\s+Library soname: \[(.*)\]", done.stdout)
+        self.assertEqual(sonames, [f"libpoolshim.so.{major}"])
+
+    def test_installed_tools_say_the_project_version(self):
+        for tool in ("poolshim", "poolshim-report"):
+            done = run([self.path(ARGS.bindir, tool), "--version"], env=clean_environment())
+            self.assertEqual((done.returncode, done.stdout, done.stderr), (0, f"{tool} {ARGS.version}\n", ""))
+
+    def test_installed_tools_import_the_installed_modules(self):
+        # Each tool's top level (its imports) run here, without its main: the modules it loads
+        # must be the installed ones, not the source tree's scripts/.
+        python = os.path.realpath(self.path(ARGS.python))
+        for tool, modules in (("poolshim", ("poolshim_log", "poolshim_report.model")),
+                              ("poolshim-report", ("poolshim_log", "poolshim_report.cli"))):
+            for name in modules:
+                sys.modules.pop(name, None)
+            sys.modules.pop("poolshim_report", None)
+            saved = list(sys.path)
+            try:
+                runpy.run_path(self.path(ARGS.bindir, tool), run_name="installed_tool")
+                for name in modules:
+                    wanted = os.path.join(python, *name.split(".")) + ".py"
+                    self.assertEqual(os.path.realpath(sys.modules[name].__file__), wanted, f"{tool}: {name}")
+            finally:
+                sys.path[:] = saved
+                for name in modules:
+                    sys.modules.pop(name, None)
+                sys.modules.pop("poolshim_report", None)
+
+    def test_installed_launcher_preloads_the_installed_library_and_the_report_reads_its_log(self):
+        work = os.path.join(self.tmp, "run")
+        os.makedirs(work)
+        env = clean_environment()
+        env["LD_LIBRARY_PATH"] = os.path.join(ARGS.build, "double")
+        env.update(CUDADOUBLE_MEM="1G", CUDADOUBLE_DEVICES="1")
+        library = os.path.realpath(self.path(ARGS.libdir, f"libpoolshim.so.{ARGS.version}"))
+        wanted_preload = library
+        runtime = sanitizer_runtime(ARGS.build)
+        if runtime:   # a sanitizer build's library needs its runtime first (the launcher keeps it there)
+            env["LD_PRELOAD"] = runtime
+            env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":detect_leaks=0"
+            wanted_preload = f"{runtime}:{library}"
+        demo = os.path.join(ARGS.build, "programs", "demo")
+        done = run([self.path(ARGS.bindir, "poolshim"), "--log", os.path.join(work, "log-%p.jsonl"), "--",
+                    "sh", "-c", f'echo "$LD_PRELOAD"; exec {shlex.quote(demo)} 10 65536'], env=env, cwd=work)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout.splitlines()[0], wanted_preload)
+        self.assertEqual(done.stdout.splitlines()[-1], "demo: 10 steps, 7 allocations each, final checksum "
+                         "1943edeeb97b1161")
+        self.assertIn("  device 0 (poolshim CPU test double, device 0): 71 allocations pooled (0 async), 70 freed; "
+                      "0 allocations and 0 frees passed through", done.stderr.splitlines())
+        logs = glob.glob(os.path.join(work, "log-*.jsonl"))
+        self.assertEqual(len(logs), 1, logs)
+        start = poolshim_log.read_log(logs[0])[0]
+        self.assertEqual((start["type"], start["version"]), ("start", ARGS.version), "the library's version")
+
+        page = os.path.join(work, "report.html")
+        report = run([self.path(ARGS.bindir, "poolshim-report"), "--html", page, logs[0]], env=env, cwd=work)
+        self.assertEqual(report.returncode, 0, report.stderr)
+        self.assertEqual(report.stdout.splitlines()[0],
+                         f"== pid {start['pid']}, rank 0, host {start['host']}, poolshim {ARGS.version}")
+        self.assertIn("  allocations pooled                                    71", report.stdout.splitlines())
+        self.assertEqual(report.stderr, f"poolshim-report: wrote HTML page {page}\n")
+        with open(page, encoding="utf-8") as f:
+            self.assertTrue(f.read().startswith("<!DOCTYPE html>"), "not an HTML page")
+        # The installed tool and the source tree's give the same summary of the same log.
+        source = run([os.path.join(ROOT, "scripts", "poolshim-report"), logs[0]], env=env, cwd=work)
+        self.assertEqual(report.stdout, source.stdout)
+
+
+class Refused(unittest.TestCase):
+    def test_unbuilt_tree_refuses_to_install_naming_the_fix(self):
+        with tempfile.TemporaryDirectory(prefix="poolshim-unbuilt-") as tmp:
+            build, prefix = os.path.join(tmp, "build"), os.path.join(tmp, "prefix")
+            cache = open(os.path.join(ARGS.build, "CMakeCache.txt")).read()
+            settings = [f"-D{m[0]}={m[1]}" for m in
+                        re.findall(r"^(CMAKE_PREFIX_PATH|CUDAToolkit_ROOT)[:A-Z]*=(.*)$", cache, re.MULTILINE)]
+            settings += ["-G", re.search(r"^CMAKE_GENERATOR:INTERNAL=(.*)$", cache, re.MULTILINE).group(1)]
+            configured = run(["cmake", "-S", ROOT, "-B", build, "-DPOOLSHIM_TESTS=OFF"] + settings)
+            self.assertEqual(configured.returncode, 0, configured.stdout + configured.stderr)
+            done = run(["cmake", "--install", build, "--prefix", prefix])
+            self.assertEqual(done.returncode, 1)
+            message = " ".join(done.stderr.split())
+            library = os.path.join(build, f"libpoolshim.so.{ARGS.version}")
+            self.assertIn(f"poolshim: {library} is not built: run `cmake --build {build}` (or scripts/build) first, "
+                          "then install", message)
+            self.assertFalse(os.path.exists(prefix), "something was installed")
+
+    def test_unconfigured_tree_refuses_to_install(self):
+        with tempfile.TemporaryDirectory(prefix="poolshim-unconfigured-") as tmp:
+            done = run(["cmake", "--install", tmp, "--prefix", os.path.join(tmp, "prefix")])
+            self.assertEqual(done.returncode, 1)
+            self.assertIn(f"Error processing file: {tmp}/cmake_install.cmake", done.stderr)
+            self.assertFalse(os.path.exists(os.path.join(tmp, "prefix")), "something was installed")
+
+
+def main():
+    global ARGS
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for name in ("build", "version", "bindir", "libdir", "python", "docdir"):
+        parser.add_argument(f"--{name}", required=True)
+    ARGS, rest = parser.parse_known_args()
+    ARGS.build = os.path.abspath(ARGS.build)
+    unittest.main(argv=[sys.argv[0]] + rest)
+
+
+if __name__ == "__main__":
+    main()
