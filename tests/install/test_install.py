@@ -3,7 +3,7 @@
 tools run from it, moved to another prefix, over the CPU test double. Also that an unbuilt or
 unconfigured tree refuses to install. CMakeLists.txt passes the layout it installs to:
 
-    test_install.py --build BUILD --version V --bindir D --libdir D --python D --docdir D
+    test_install.py --build BUILD --version V --bindir D --libdir D --python D --docdir D --mandir D
 """
 
 import argparse
@@ -67,7 +67,7 @@ class Installed(unittest.TestCase):
     def path(self, *parts):
         return os.path.join(self.prefix, *parts)
 
-    def test_layout_is_the_library_the_tools_their_modules_and_the_docs(self):
+    def test_layout_is_the_library_the_tools_their_modules_the_docs_and_the_man_pages(self):
         major = ARGS.version.split(".")[0]
         lib = ARGS.libdir
         wanted = {
@@ -79,6 +79,9 @@ class Installed(unittest.TestCase):
             f"{ARGS.python}/poolshim_log.py": "file",
             f"{ARGS.docdir}/README.md": "file",
             f"{ARGS.docdir}/DESIGN.md": "file",
+            f"{ARGS.mandir}/man1/poolshim.1.gz": "file",
+            f"{ARGS.mandir}/man1/poolshim-report.1.gz": "file",
+            f"{ARGS.mandir}/man7/poolshim.7.gz": "file",
         }
         for module in sorted(glob.glob(os.path.join(ROOT, "scripts", "poolshim_report", "*.py"))):
             wanted[f"{ARGS.python}/poolshim_report/{os.path.basename(module)}"] = "file"
@@ -190,7 +193,7 @@ class Refused(unittest.TestCase):
 def main():
     global ARGS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for name in ("build", "version", "bindir", "libdir", "python", "docdir"):
+    for name in ("build", "version", "bindir", "libdir", "python", "docdir", "mandir"):
         parser.add_argument(f"--{name}", required=True)
     ARGS, rest = parser.parse_known_args()
     ARGS.build = os.path.abspath(ARGS.build)
