@@ -8,6 +8,7 @@ passes it).
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,11 +22,13 @@ VERSION = None
 
 # Stand-ins, first on PATH, for every tool that the scripts run when they do their job: each
 # records that it was called, and fails (no GPU, nothing installed or built).
-STAND_INS = ("nvidia-smi", "apt-get", "apt", "sudo", "dpkg", "dpkg-query", "cmake", "ninja", "make", "nvcc")
+STAND_INS = ("nvidia-smi", "apt-get", "apt", "sudo", "dpkg", "dpkg-query", "dpkg-deb", "cmake", "cpack", "ninja", "make",
+             "nvcc")
 
 USAGE = {
     "demo": "usage: scripts/demo [steps] [elements]",
     "setup": "usage: scripts/setup [--prefix DIR]",
+    "package": "usage: scripts/package [--out DIR] [--no-build]",
     "bench": "usage: scripts/bench [--out DIR] [--quick] [--only WORKLOAD,...] [--no-build]",
     "poolshim": "usage: poolshim [--log PATH] [--conf k=v,...] [--observe] [--verbose] [--no-summary] [--] command "
                 "[args...]",
@@ -71,6 +74,17 @@ class Conventions(unittest.TestCase):
                     done = self.run_script(name, option)
                     self.assertEqual((done.returncode, done.stderr), (0, ""), f"{name} {option}")
                     self.assertEqual(done.stdout.splitlines()[0], usage)
+
+    def test_readme_names_exactly_the_packages_setup_installs(self):
+        with open(os.path.join(SCRIPTS, "setup")) as f:
+            installed = re.search(r"^PACKAGES=\((.*)\)$", f.read(), re.MULTILINE).group(1).split()
+        with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+            readme = f.read()
+        # The paragraph of "The two commands" that says what each command installs.
+        said = re.search(r"^installs the Debian packages it needs \((.*?)\) and builds:$", readme,
+                         re.MULTILINE | re.DOTALL).group(1)
+        named = [span for span in re.findall(r"`([^`]+)`", said) if re.fullmatch(r"[a-z0-9][a-z0-9+.-]+", span)]
+        self.assertEqual(sorted(named), sorted(installed))
 
     def test_version_is_the_projects(self):
         for name in ("poolshim", "poolshim-report"):
