@@ -1204,18 +1204,30 @@ def find_chromium():
     return None
 
 
+def render_page(test, logs, poke=None, window=None):
+    """Writes the HTML report of `logs`, with the script `poke` run at the end of its body, and
+    returns headless Chromium's run of it (its stdout is the DOM after the page's scripts ran)."""
+    folder = tempfile.mkdtemp(prefix="poolshim-report-test-")
+    test.addCleanup(shutil.rmtree, folder, True)
+    page = os.path.join(folder, "report.html")
+    r = run_tool("-q", "--html", page, *[fixture(name) for name in logs])
+    test.assertEqual(r.returncode, 0, r.stderr)
+    if poke is not None:
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        with open(page, "w", encoding="utf-8") as f:
+            f.write(text.replace("</body>", f"<script>{poke}</script></body>"))
+    size = [f"--window-size={window}"] if window else []
+    return subprocess.run([find_chromium(), "--headless", "--disable-gpu", "--no-sandbox",
+                           f"--user-data-dir={os.path.join(folder, 'profile')}", *size, "--dump-dom",
+                           "file://" + page], capture_output=True, text=True, timeout=180)
+
+
 @unittest.skipUnless(find_chromium(), "chromium (or chromium-browser) is not on PATH: the headless render test is "
                                       "skipped (apt-get install chromium)")
 class Browser(unittest.TestCase):
     def test_page_renders_with_its_script(self):
-        folder = tempfile.mkdtemp(prefix="poolshim-report-test-")
-        self.addCleanup(shutil.rmtree, folder, True)
-        page = os.path.join(folder, "report.html")
-        r = run_tool("-q", "--html", page, fixture("ooms.jsonl"), fixture("normal.jsonl"))
-        self.assertEqual(r.returncode, 0, r.stderr)
-        done = subprocess.run([find_chromium(), "--headless", "--disable-gpu", "--no-sandbox",
-                               f"--user-data-dir={os.path.join(folder, 'profile')}", "--dump-dom",
-                               "file://" + page], capture_output=True, text=True, timeout=180)
+        done = render_page(self, ["ooms.jsonl", "normal.jsonl"])
         dom = done.stdout
         self.assertIn('class="timeline"', dom, done.stderr[-2000:])
         p = _Page()
@@ -1230,45 +1242,22 @@ class Browser(unittest.TestCase):
 
     def test_hover_readout(self):
         """A mouse move over the first chart shows the read-out of the nearest sample."""
-        folder = tempfile.mkdtemp(prefix="poolshim-report-test-")
-        self.addCleanup(shutil.rmtree, folder, True)
-        page = os.path.join(folder, "report.html")
-        r = run_tool("-q", "--html", page, fixture("ooms.jsonl"))
-        self.assertEqual(r.returncode, 0, r.stderr)
-        with open(page, encoding="utf-8") as f:
-            text = f.read()
-        poke = ("<script>var s = document.querySelector('svg.timeline'), b = s.getBoundingClientRect();"
+        poke = ("var s = document.querySelector('svg.timeline'), b = s.getBoundingClientRect();"
                 "s.dispatchEvent(new MouseEvent('mousemove', {clientX: b.left + b.width / 2, "
-                "clientY: b.top + b.height / 2, bubbles: true}));</script></body>")
-        with open(page, "w", encoding="utf-8") as f:
-            f.write(text.replace("</body>", poke))
-        done = subprocess.run([find_chromium(), "--headless", "--disable-gpu", "--no-sandbox",
-                               f"--user-data-dir={os.path.join(folder, 'profile')}", "--window-size=1400,1800",
-                               "--dump-dom", "file://" + page], capture_output=True, text=True, timeout=180)
+                "clientY: b.top + b.height / 2, bubbles: true}));")
+        done = render_page(self, ["ooms.jsonl"], poke, "1400,1800")
         match = re.search(r'<div class="readout"[^>]*>(.*?)</div>', done.stdout)
         self.assertIsNotNone(match, done.stdout[-2000:])
         self.assertNotIn("hidden", match.group(0).split(">")[0])
         self.assertRegex(match.group(1), r"<b>t = \d+\.\d{3} s</b>.*reserved \d+\.\d (MiB|GiB).*used .*requested .*cap 6\.0 GiB")
 
-
     def test_schema_2_pages_read_out_the_new_series(self):
         """A mouse move over each chart of a VMM and an observe-mode log: the read-out names the
         new series, and the observe chart's has no pool figures (its data has none)."""
-        folder = tempfile.mkdtemp(prefix="poolshim-report-test-")
-        self.addCleanup(shutil.rmtree, folder, True)
-        page = os.path.join(folder, "report.html")
-        r = run_tool("-q", "--html", page, fixture("vmm_keep.jsonl"), fixture("observe_oom.jsonl"))
-        self.assertEqual(r.returncode, 0, r.stderr)
-        with open(page, encoding="utf-8") as f:
-            text = f.read()
-        poke = ("<script>document.querySelectorAll('svg.timeline').forEach(function (s) {"
+        poke = ("document.querySelectorAll('svg.timeline').forEach(function (s) {"
                 "var b = s.getBoundingClientRect(); s.dispatchEvent(new MouseEvent('mousemove', "
-                "{clientX: b.left + b.width / 2, clientY: b.top + b.height / 2, bubbles: true}));});</script></body>")
-        with open(page, "w", encoding="utf-8") as f:
-            f.write(text.replace("</body>", poke))
-        done = subprocess.run([find_chromium(), "--headless", "--disable-gpu", "--no-sandbox",
-                               f"--user-data-dir={os.path.join(folder, 'profile')}", "--window-size=1400,3000",
-                               "--dump-dom", "file://" + page], capture_output=True, text=True, timeout=180)
+                "{clientX: b.left + b.width / 2, clientY: b.top + b.height / 2, bubbles: true}));});")
+        done = render_page(self, ["vmm_keep.jsonl", "observe_oom.jsonl"], poke, "1400,3000")
         p = _Page()
         p.feed(done.stdout)
         self.assertEqual([svg["attrs"].get("data-interactive") for svg in p.timelines], ["1", "1"], done.stderr[-2000:])
@@ -1278,6 +1267,7 @@ class Browser(unittest.TestCase):
         self.assertIn("native 32.0 MiB", observe)
         self.assertNotIn("reserved", observe)
         self.assertNotIn("pool slack", observe)
+
 
 if __name__ == "__main__":
     unittest.main()
