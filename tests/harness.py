@@ -174,3 +174,24 @@ def check_proc_address(native_out, shim_out):
         expect_equal(s_owner, wanted, f"owner of the answer to {n_query} ({n_variant})")
         hooked += s_owner == "poolshim"
     return hooked
+
+
+def run_captured(args, env=None, cwd=None, timeout=120):
+    """subprocess.run with stdout and stderr captured as text (the install, package and man tests)."""
+    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def unittest_main_with_options(doc, names, module_globals):
+    """The main() of a test script that CMake passes required --NAME options: they become the
+    module's ARGS (--build made absolute) before unittest runs the rest of the command line."""
+    import argparse
+    import unittest
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    for name in names:
+        parser.add_argument(f"--{name}", required=True)
+    args, rest = parser.parse_known_args()
+    if "build" in names:
+        args.build = os.path.abspath(args.build)
+    module_globals["ARGS"] = args
+    unittest.main(argv=[sys.argv[0]] + rest)
+

@@ -6,7 +6,6 @@ unconfigured tree refuses to install. CMakeLists.txt passes the layout it instal
     test_install.py --build BUILD --version V --bindir D --libdir D --python D --docdir D --mandir D
 """
 
-import argparse
 import glob
 import os
 import re
@@ -21,13 +20,10 @@ import unittest
 HERE = os.path.dirname(os.path.realpath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
-from harness import clean_environment, poolshim_log, sanitizer_runtime  # noqa: E402
+from harness import (clean_environment, poolshim_log, run_captured as run, sanitizer_runtime,  # noqa: E402
+                     unittest_main_with_options)
 
 ARGS = None
-
-
-def run(args, env=None, cwd=None):
-    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 def tree(prefix):
@@ -191,13 +187,7 @@ class Refused(unittest.TestCase):
 
 
 def main():
-    global ARGS
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for name in ("build", "version", "bindir", "libdir", "python", "docdir", "mandir"):
-        parser.add_argument(f"--{name}", required=True)
-    ARGS, rest = parser.parse_known_args()
-    ARGS.build = os.path.abspath(ARGS.build)
-    unittest.main(argv=[sys.argv[0]] + rest)
+    unittest_main_with_options(__doc__, ('build', 'version', 'bindir', 'libdir', 'python', 'docdir', 'mandir'), globals())
 
 
 if __name__ == "__main__":

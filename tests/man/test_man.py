@@ -7,7 +7,6 @@ names, and each tool's page has exactly the options of its --help. CMakeLists.tx
     test_man.py --build BUILD --version V
 """
 
-import argparse
 import collections
 import gzip
 import os
@@ -20,6 +19,8 @@ HERE = os.path.dirname(os.path.realpath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 PAGES = ("poolshim.1", "poolshim-report.1", "poolshim.7")
 ARGS = None
+sys.path.insert(0, os.path.dirname(HERE))
+from harness import unittest_main_with_options  # noqa: E402
 
 
 def page_path(page):
@@ -152,13 +153,7 @@ class ToolPages(unittest.TestCase):
 
 
 def main():
-    global ARGS
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--build", required=True)
-    parser.add_argument("--version", required=True)
-    ARGS, rest = parser.parse_known_args()
-    ARGS.build = os.path.abspath(ARGS.build)
-    unittest.main(argv=[sys.argv[0]] + rest)
+    unittest_main_with_options(__doc__, ('build', 'version'), globals())
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ on (and no files of theirs), so that dpkg checks the Depends field against what 
 has, and the installed tools run with the machine's Python and C++ runtime.
 """
 
-import argparse
 import glob
 import os
 import re
@@ -25,16 +24,13 @@ import unittest
 HERE = os.path.dirname(os.path.realpath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
-from harness import clean_environment, poolshim_log  # noqa: E402
+from harness import (clean_environment, poolshim_log, run_captured as run,  # noqa: E402
+                     unittest_main_with_options)
 
 ARGS = None
 # Of the Debian packages, those whose files the library needs (dpkg-shlibdeps finds them), and
 # Python for the tools.
 RUNTIME_PACKAGES = ("libc6", "libgcc-s1", "libstdc++6")
-
-
-def run(args, env=None, cwd=None):
-    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
 
 
 def control(deb, *fields):
@@ -271,13 +267,7 @@ class Refused(unittest.TestCase):
 
 
 def main():
-    global ARGS
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--build", required=True)
-    parser.add_argument("--version", required=True)
-    ARGS, rest = parser.parse_known_args()
-    ARGS.build = os.path.abspath(ARGS.build)
-    unittest.main(argv=[sys.argv[0]] + rest)
+    unittest_main_with_options(__doc__, ('build', 'version'), globals())
 
 
 if __name__ == "__main__":
