@@ -186,7 +186,6 @@ RealResult classify(CUresult r) {
 // classify, and the address the real allocation wrote (0 when it failed), for the core's books.
 RealResult served(CUresult r, const CUdeviceptr* out, CUdeviceptr* native) {
   *native = r == CUDA_SUCCESS ? *out : 0;
-  if (r == CUDA_SUCCESS) poolshim::shim::note_device_allocation();
   return classify(r);
 }
 
@@ -231,8 +230,9 @@ CUresult mem_alloc_async(Real real_fn, CUdeviceptr* dptr, size_t bytes, CUstream
         return served(result = real_fn(dptr, n, stream), dptr, native);
       })) {
     *dptr = p;
-    poolshim::shim::note_device_allocation();
   }
+  // Pooled or served by the real function (observe mode, pass-through): the exit handler.
+  if (result == CUDA_SUCCESS) poolshim::shim::note_device_allocation();
   return result;
 }
 
@@ -357,8 +357,9 @@ POOLSHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
         return served(result = real_fn(dptr, n), dptr, native);
       })) {
     *dptr = p;
-    poolshim::shim::note_device_allocation();
   }
+  // Pooled or served by the real function (observe mode, pass-through): the exit handler.
+  if (result == CUDA_SUCCESS) poolshim::shim::note_device_allocation();
   return result;
 }
 

@@ -73,8 +73,9 @@ cudaError_t malloc_async(void** ptr, size_t size, cudaStream_t stream, bool per_
         return served(result = real_fn(ptr, n, stream), ptr, native);
       })) {
     *ptr = reinterpret_cast<void*>(p);
-    poolshim::shim::note_device_allocation();
   }
+  // Pooled or served by the real function (observe mode, pass-through): the exit handler.
+  if (result == cudaSuccess) poolshim::shim::note_device_allocation();
   return result;
 }
 
@@ -115,8 +116,9 @@ POOLSHIM_EXPORT cudaError_t cudaMalloc(void** devPtr, size_t size) {
         return served(result = real::cudaMalloc()(devPtr, n), devPtr, native);
       })) {
     *devPtr = reinterpret_cast<void*>(p);
-    poolshim::shim::note_device_allocation();
   }
+  // Pooled or served by the real function (observe mode, pass-through): the exit handler.
+  if (result == cudaSuccess) poolshim::shim::note_device_allocation();
   return result;
 }
 

@@ -37,9 +37,10 @@ Router* router_for_call();
 /// The core if it is running, without starting it (bookkeeping hooks use it).
 Router* router_if_running();
 
-/// Called after each allocation the core books, pooled or made by the real function (observe
-/// mode, pass-through, the application's VMM memory); cheap after the first: registers the exit
-/// handler again, late enough to run before the CUDA runtime's and driver's own teardown.
+/// Called by the allocation hooks after each allocation that succeeded, pooled or made by the
+/// real function (observe mode, pass-through, the application's VMM memory); cheap after the first:
+/// registers the exit handler again, late enough to run before the CUDA runtime's and driver's own
+/// teardown.
 void note_device_allocation();
 
 /// How many calls each way in reached the shim (the exit record's `paths`).
@@ -85,7 +86,6 @@ inline RealResult classify(cudaError_t e) {
 /// tracks allocations the real function serves (observe mode, pass-through).
 inline RealResult served(cudaError_t e, void* const* out, CUdeviceptr* native) {
   *native = e == cudaSuccess ? reinterpret_cast<CUdeviceptr>(*out) : 0;
-  if (e == cudaSuccess) note_device_allocation();
   return classify(e);
 }
 
