@@ -58,7 +58,7 @@ TEST_CASE("summary: a pooled device's figures and the leaks, exactly") {
   CHECK(exit_summary_lines(42, "run-42.jsonl", true, s) == expected);
 }
 
-TEST_CASE("summary: observe mode counts tracked allocations; one leak is singular") {
+TEST_CASE("summary: observe mode counts tracked allocations, one leak is singular") {
   ExitSummary s;
   DeviceSnapshot d;
   d.device = 1;
