@@ -10,6 +10,7 @@
 #include "clock.h"
 #include "json.h"
 #include "prometheus.h"
+#include "summary.h"
 #include "units.h"
 
 namespace poolshim {
@@ -300,15 +301,25 @@ void BackgroundWorker::work(std::uint64_t now) {
 }
 
 void BackgroundWorker::end(const ExitExtras& extras) {
+  ExitSummary summary;
   {
     std::lock_guard<std::mutex> gate(tick_mutex_);
-    final_records(extras);
+    summary = final_records(extras);
   }
   flush();
+  const bool written = log_.is_open();
   log_.close();
+  // What plain LD_PRELOAD use hears at exit (summary.h), once the exit record is out.
+  const Config& config = router_.config();
+  if (config.verbose) print_stderr(exit_log_line(info_.log_path, written));
+  if (config.summary) {
+    for (const auto& line : exit_summary_lines(info_.pid, info_.log_path, written, summary)) {
+      print_stderr(line);
+    }
+  }
 }
 
-void BackgroundWorker::final_records(const ExitExtras& extras) {
+ExitSummary BackgroundWorker::final_records(const ExitExtras& extras) {
   write_events();
   ExitSummary summary;
   const std::uint64_t now = now_ns();
@@ -326,6 +337,7 @@ void BackgroundWorker::final_records(const ExitExtras& extras) {
   write(exit_record(t(now_ns()), info_.pid, summary,
                     [this](std::uint32_t s) { return site_json(s); }));
   router_.set_oom_record_wait(std::chrono::milliseconds(0));
+  return summary;
 }
 
 void BackgroundWorker::run() {
@@ -342,12 +354,17 @@ void BackgroundWorker::run() {
   }
   // What the shim has to say at start, said here rather than in the hook that started it.
   for (const auto& w : startup_warnings_) print_stderr("warning: " + w);
+  begin();
   if (router_.config().verbose) {
     print_stderr("version " + std::string(poolshim_version_string()) + ", log " +
                  (info_.log_path.empty() ? std::string("disabled") : info_.log_path));
-    for (const auto& line : describe_config(router_.config())) print_stderr("option " + line);
+    // After begin(): percentages resolve on the devices it described.
+    std::map<int, std::uint64_t> totals;
+    for (const auto& d : devices_) totals[d.ordinal] = d.total;
+    for (const auto& line : describe_config(router_.config(), totals)) {
+      print_stderr("option " + line);
+    }
   }
-  begin();
   const std::uint64_t sample_ms = router_.config().sample_ms;
   const std::uint64_t tick_ms = sample_ms > 0 ? std::min(sample_ms, kMaxTickMs) : kMaxTickMs;
   while (!events_.wait_for_work(std::chrono::milliseconds(tick_ms))) {

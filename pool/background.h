@@ -72,8 +72,8 @@ class BackgroundWorker {
   void write(std::string record);
   void say(std::string line);  // a line for stderr ("poolshim: " is added)
   void flush();
-  void work(std::uint64_t now_ns);               // tick's driver calls, under the gate
-  void final_records(const ExitExtras& extras);  // end's driver calls, under the gate
+  void work(std::uint64_t now_ns);                      // tick's driver calls, under the gate
+  ExitSummary final_records(const ExitExtras& extras);  // end's driver calls, under the gate
   void trim_if_idle(const DeviceSnapshot& snap, std::uint64_t now_ns);
   void write_oom(const OomReport& report);
   void write_prometheus(const std::vector<DeviceSnapshot>& snaps);

@@ -333,9 +333,11 @@ ParsedConfig parse_config(const std::vector<std::string>& environment) {
       const std::string_view item = trim(rest.substr(0, comma));
       rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
       if (item.empty()) continue;
-      const auto eq = item.find('=');
-      if (eq == std::string_view::npos) {
-        problems.add("POOLSHIM_CONF: " + shown_value(item) + " is not key=value", "ignored");
+      // key=value or key:value, split at the first of either (config.h).
+      const auto eq = item.find_first_of("=:");
+      if (eq == std::string_view::npos || trim(item.substr(0, eq)).empty()) {
+        problems.add("POOLSHIM_CONF: " + shown_value(item) + " is not key=value or key:value",
+                     "ignored");
         continue;
       }
       const std::string key = to_lower(trim(item.substr(0, eq)));
@@ -395,20 +397,59 @@ std::uint64_t Config::cap_for(int device, std::uint64_t device_total) const {
   return v.resolve(device_total);
 }
 
-std::vector<std::string> describe_config(const Config& config) {
+namespace {
+
+// What a size resolves to, after its text: " = 64.0 MiB", " = 51.2 MiB" for a percentage of
+// devices of one size, " = 51.2 MiB on device 0, 102.4 MiB on device 1" for devices of
+// several, " of device memory" with none known; "" for 0 bytes, which needs no resolving.
+std::string resolved(const SizeValue& value, const std::map<int, std::uint64_t>& device_totals) {
+  if (!value.is_percent) return value.bytes == 0 ? "" : " = " + format_bytes(value.bytes);
+  if (device_totals.empty()) return " of device memory";
+  const std::uint64_t first = device_totals.begin()->second;
+  const bool one_size = std::all_of(device_totals.begin(), device_totals.end(),
+                                    [first](const auto& d) { return d.second == first; });
+  if (one_size) return " = " + format_bytes(value.resolve(first));
+  std::string out;
+  for (const auto& [device, total] : device_totals) {
+    out += (out.empty() ? " = " : ", ") + format_bytes(value.resolve(total)) + " on device " +
+           std::to_string(device);
+  }
+  return out;
+}
+// Only sizes resolve.
+template <typename T>
+std::string resolved(const T&, const std::map<int, std::uint64_t>&) {
+  return "";
+}
+
+}  // namespace
+
+std::vector<std::string> describe_config(const Config& config,
+                                         const std::map<int, std::uint64_t>& device_totals) {
   std::vector<std::string> lines;
   const auto& table = option_table();
-  for (std::size_t i = 0; i < table.size(); ++i) {
-    // A valid value may hold any byte (a path): escaped like a bad one, but shown whole.
-    lines.push_back(std::string(table[i].name) + " = " +
-                    (config.texts[i].empty() ? "\"\"" : shown(config.texts[i], false, 4096)) +
-                    " (" + source_name(config.sources[i]) + ")");
+  std::size_t index = 0;
+  // A valid value may hold any byte (a path): escaped like a bad one, but shown whole.
+#define POOLSHIM_DESCRIBE(NAME, KIND, DEFAULT, MEANING)                                   \
+  {                                                                                       \
+    std::string line =                                                                    \
+        std::string(table[index].name) + " = " +                                          \
+        (config.texts[index].empty() ? "\"\"" : shown(config.texts[index], false, 4096)); \
+    line += resolved(config.NAME, device_totals);                                         \
+    lines.push_back(line + " (" + source_name(config.sources[index]) + ")");              \
+    ++index;                                                                              \
   }
+  POOLSHIM_OPTIONS(POOLSHIM_DESCRIBE)
+#undef POOLSHIM_DESCRIBE
   for (const auto& [device, value] : config.device_limits) {
+    std::map<int, std::uint64_t> its_total;
+    if (const auto it = device_totals.find(device); it != device_totals.end()) {
+      its_total.insert(*it);
+    }
     lines.push_back(
         "limit of device " + std::to_string(device) + " = " +
         (value.is_percent ? std::to_string(value.percent) + "%" : std::to_string(value.bytes)) +
-        " (environment)");
+        resolved(value, its_total) + " (environment)");
   }
   return lines;
 }

@@ -86,7 +86,12 @@ namespace poolshim {
     "Also write the per-device figures in Prometheus text format to this file at each sample "     \
     "(rewritten atomically, for node_exporter's textfile collector); empty: none.")                \
   X(verbose, Bool, "0",                                                                            \
-    "Print the effective configuration, and where each value came from, to stderr.")               \
+    "Print the effective configuration, where each value came from and the bytes each size "       \
+    "resolves to, to stderr at start, and the log's path at exit.")                                \
+  X(summary, Bool, "0",                                                                            \
+    "Print a short summary of the run (allocations, peaks, out-of-memory errors, leaks per "       \
+    "device) to stderr at exit, once the exit record is written, as the launcher does from the "   \
+    "log.")                                                                                        \
   X(strict, Bool, "0", "Refuse to start (exit status 2) on a bad option instead of warning.")
 
 enum class OptionKind { Bool, Path, Milliseconds, Size, Choice, Frames };
@@ -169,12 +174,19 @@ struct ParsedConfig {
 };
 
 /// Reads POOLSHIM_* variables and POOLSHIM_CONF="key=value,..." from `environment`
-/// ("NAME=value" strings, like environ). A variable wins over the same key in POOLSHIM_CONF.
+/// ("NAME=value" strings, like environ). An item of POOLSHIM_CONF is split at its first '=' or
+/// ':', whichever comes first ("cache:64M" as PyTorch's and jemalloc's strings; no key holds
+/// either, so a value may: "log:/tmp/a=b.jsonl"). A variable wins over the same key in
+/// POOLSHIM_CONF.
 /// A bad value keeps the default and adds a warning; so does an unknown POOLSHIM_* name.
 ParsedConfig parse_config(const std::vector<std::string>& environment);
 
-/// Lines for POOLSHIM_VERBOSE: "release_threshold = 0 (default)".
-std::vector<std::string> describe_config(const Config& config);
+/// Lines for POOLSHIM_VERBOSE: "release_threshold = 0 (default)"; a size other than 0 shows the
+/// bytes it resolves to, a percentage on the devices of `device_totals` (ordinal: bytes):
+/// "limit = 5% = 51.2 MiB (environment)", "... = 5% = 51.2 MiB on device 0, 102.4 MiB on device
+/// 1 (...)" where their totals differ, "... = 5% of device memory (...)" with no device known.
+std::vector<std::string> describe_config(const Config& config,
+                                         const std::map<int, std::uint64_t>& device_totals = {});
 
 const char* source_name(Source s);
 

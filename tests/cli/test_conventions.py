@@ -30,6 +30,9 @@ USAGE = {
     "setup": "usage: scripts/setup [--prefix DIR]",
     "package": "usage: scripts/package [--out DIR] [--no-build]",
     "bench": "usage: scripts/bench [--out DIR] [--quick] [--only WORKLOAD,...] [--no-build]",
+    "test": "usage: scripts/test [--sanitize address|thread] [CTEST_ARGS...]",
+    "build": "usage: scripts/build [CMAKE_ARGS...]",
+    "gpu-test": "usage: scripts/gpu-test [--skip-bench] [--skip-torch] [--jax] [--only-ipc] [--only-observe]",
     "poolshim": "usage: poolshim [--log PATH] [--conf k=v,...] [--observe] [--verbose] [--no-summary] [--] command "
                 "[args...]",
     "poolshim-report": "usage: poolshim-report [-h] [--version] [--full] [--html FILE]",
@@ -87,9 +90,39 @@ class Conventions(unittest.TestCase):
         self.assertEqual(sorted(named), sorted(installed))
 
     def test_version_is_the_projects(self):
-        for name in ("poolshim", "poolshim-report"):
-            done = self.run_script(name, "--version")
-            self.assertEqual((done.returncode, done.stdout, done.stderr), (0, f"{name} {VERSION}\n", ""))
+        # Each prints its name as its usage line does, then the version of project().
+        for name, usage in USAGE.items():
+            with self.subTest(script=name):
+                prog = usage.split()[1]
+                done = self.run_script(name, "--version")
+                self.assertEqual((done.returncode, done.stdout, done.stderr), (0, f"{prog} {VERSION}\n", ""))
+
+    def test_every_script_is_covered(self):
+        # A new script must join USAGE (and so the conventions); modules and sourced files are not scripts.
+        scripts = {name for name in os.listdir(SCRIPTS)
+                   if os.access(os.path.join(SCRIPTS, name), os.X_OK) and os.path.isfile(os.path.join(SCRIPTS, name))}
+        self.assertEqual(scripts, set(USAGE))
+
+    def test_a_bad_command_line_prints_usage_on_stderr_and_exits_2_running_nothing(self):
+        # scripts/test and scripts/build pass what they do not know on to ctest and cmake.
+        bad = {
+            "demo": [("--bogus",), ("10", "x"), ("1", "2", "3")],
+            "setup": [("--bogus",), ("--prefix",), ("--prefix", "d", "more")],
+            "package": [("--bogus",), ("--out",)],
+            "bench": [("--bogus",), ("--quick", "--only"), ("--out", "d", "extra")],
+            "gpu-test": [("--bogus",), ("--jax", "--skip")],
+            "test": [("--sanitize", "memory")],
+            "poolshim": [("--bogus", "--", "true")],
+            "poolshim-report": [("--bogus",)],
+        }
+        for name, cases in bad.items():
+            for args in cases:
+                with self.subTest(script=name, args=args):
+                    done = self.run_script(name, *args)
+                    self.assertEqual((done.returncode, done.stdout), (2, ""), f"{name} {' '.join(args)}")
+                    lines = done.stderr.splitlines()
+                    # argparse prints its usage first, the shell scripts the problem first.
+                    self.assertIn(USAGE[name].split(" [")[0], "\n".join(lines[:2]))
 
 
 def main():

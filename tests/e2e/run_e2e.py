@@ -634,6 +634,84 @@ def case_verbose_prints_configuration(tmp):
 
 
 @case
+def case_verbose_prints_the_log_path_once_at_exit(tmp):
+    """Plain LD_PRELOAD with POOLSHIM_VERBOSE=1: one line `poolshim: log PATH` at exit, after the
+    exit-time `ways in` line; none without it."""
+    shim = run([program("churn"), "10", "4", str(MiB)], True, tmp, {"POOLSHIM_VERBOSE": "1"})
+    expect_equal(shim.rc, 0, f"exit status\n{shim.err}")
+    path = logs(tmp)[0]
+    lines = shim.err.splitlines()
+    expect_equal([line for line in lines if line.startswith("poolshim: log ")], [f"poolshim: log {path}"],
+                 "the exit line naming the log")
+    ways_in = next(i for i, line in enumerate(lines) if line.startswith("poolshim: ways in:"))
+    expect_equal(lines.index(f"poolshim: log {path}") > ways_in, True, f"the log line comes at exit in\n{shim.err}")
+    quiet = os.path.join(tmp, "quiet")
+    os.makedirs(quiet)
+    plain = run([program("churn"), "10", "4", str(MiB)], True, quiet)
+    expect_equal([line for line in plain.err.splitlines() if line.startswith("poolshim: log ")], [],
+                 "no log line without POOLSHIM_VERBOSE")
+
+
+@case
+def case_summary_at_exit_for_plain_ld_preload(tmp):
+    """POOLSHIM_SUMMARY=1: the library's own summary on stderr at exit, its figures exactly the
+    exit record's; nothing of it without the option."""
+    shim = run([program("demo"), "10", str(1 << 16)], True, tmp, {"POOLSHIM_SUMMARY": "1", "POOLSHIM_CONF": "page:20M"})
+    expect_equal(shim.rc, 0, f"exit status\n{shim.err}")
+    path = logs(tmp)[0]
+    records = poolshim_log.read_log(path)
+    ex, d = exit_device(records)
+    fmt = poolshim_log.fmt_bytes
+    expected = [
+        f"poolshim: summary of pid {ex['pid']}, log {path}",
+        "poolshim:   device 0: 71 allocations pooled (0 async), 70 freed; 0 allocations and 0 frees passed through",
+        f"poolshim:     peak reserved {fmt(d['reserved_bytes_peak'])}, peak used {fmt(d['used_bytes_peak'])}, "
+        f"peak requested {fmt(d['requested_bytes_peak'])}",
+        "poolshim:     out of memory: 0 (0 with enough unused pool memory), 0 retried after a trim (0 succeeded)",
+        "poolshim:   leaks at exit: 1 allocation, 3.0 MiB",
+    ]
+    lines = shim.err.splitlines()
+    expect_equal(lines[-len(expected):], expected, "the summary, last on stderr")
+    expect_equal(sum(line.startswith("poolshim: summary of pid") for line in lines), 1, "one summary")
+    quiet = os.path.join(tmp, "quiet")
+    os.makedirs(quiet)
+    plain = run([program("demo"), "10", str(1 << 16)], True, quiet, {"POOLSHIM_CONF": "page:20M"})
+    expect("summary of pid" not in plain.err, plain.err)
+
+
+@case
+def case_conf_takes_key_colon_value(tmp):
+    """POOLSHIM_CONF items as key:value and key=value, mixed: the start record's config and its
+    sources say they took, and no warning is printed."""
+    shim = run([program("churn"), "10", "4", str(MiB)], True, tmp,
+               {"POOLSHIM_CONF": "cache:32M, free : sync,sample_ms=50,limit:50%"})
+    expect_equal(shim.rc, 0, f"exit status\n{shim.err}")
+    expect("poolshim: warning" not in shim.err, shim.err)
+    start = records_of(one_log(tmp), "start")[0]
+    for key, value in (("cache", "32M"), ("free", "sync"), ("sample_ms", "50"), ("limit", "50%")):
+        expect_equal((start["config"][key], start["config_sources"][key]), (value, "POOLSHIM_CONF"), key)
+    bad = os.path.join(tmp, "bad")
+    os.makedirs(bad)
+    warned = run([program("churn"), "10", "4", str(MiB)], True, bad, {"POOLSHIM_CONF": "cache"})
+    expect('poolshim: warning: POOLSHIM_CONF: "cache" is not key=value or key:value; ignored' in warned.err,
+           warned.err)
+
+
+@case
+def case_verbose_shows_resolved_bytes_of_sizes(tmp):
+    """POOLSHIM_VERBOSE=1: a size given as text shows the bytes it resolves to (a percentage of
+    the double's 1 GiB device)."""
+    shim = run([program("churn"), "10", "4", str(MiB)], True, tmp,
+               {"POOLSHIM_VERBOSE": "1", "POOLSHIM_LIMIT": "5%", "POOLSHIM_CONF": "cache:512K"})
+    expect_equal(shim.rc, 0, f"exit status\n{shim.err}")
+    lines = shim.err.splitlines()
+    for line in ("poolshim: option limit = 5% = 51.2 MiB (environment)",
+                 "poolshim: option cache = 512K = 512.0 KiB (POOLSHIM_CONF)",
+                 "poolshim: option release_threshold = 0 (default)"):
+        expect(line in lines, f"missing {line!r} in\n{shim.err}")
+
+
+@case
 def case_log_path_expansion(tmp):
     template = os.path.join(tmp, "x-%h-%r-%%.jsonl")
     run([program("churn"), "10", "4", str(MiB)], True, tmp, {"POOLSHIM_LOG": template, "RANK": "5"})
@@ -814,6 +892,28 @@ def case_launcher_observe_flag_and_memory_outside_the_pool(tmp):
                          capture_output=True, text=True, timeout=60)
     expect_equal(vmm.returncode, 0, f"exit status\n{vmm.stderr}")
     expect("outside the pool: VMM (cuMemCreate) peak 24.0 MiB, 8.0 MiB at the end" in vmm.stderr, vmm.stderr)
+
+
+@case
+def case_launcher_verbose_prints_the_log_path_at_start(tmp):
+    """--verbose: the launcher's first line names the command's log (its pid filled in) before
+    the command runs; the summary then finds that log, named through a key:value --conf."""
+    launcher = os.path.join(ROOT, "scripts", "poolshim")
+    done = subprocess.run([launcher, "--verbose", "--conf", "log:" + os.path.join(tmp, "log-%p-%%.jsonl"), "--",
+                           program("demo"), "3", str(1 << 16)], env=launcher_env(), capture_output=True, text=True,
+                          timeout=60)
+    expect_equal(done.returncode, 0, f"exit status\n{done.stderr}")
+    paths = logs(tmp)
+    expect_equal(len(paths), 1, f"logs: {paths}")
+    pid = records_of(poolshim_log.read_log(paths[0]), "start")[0]["pid"]
+    expect_equal(paths[0], os.path.join(tmp, f"log-{pid}-%.jsonl"), "the log's name")
+    lines = done.stderr.splitlines()
+    expect_equal(lines[0], f"poolshim: log {paths[0]}", "the first line on stderr")
+    expect(f"poolshim: pid {pid} (" in done.stderr, f"the summary of that log in\n{done.stderr}")
+    disabled = subprocess.run([launcher, "--verbose", "--log", "", "--", "true"], env=launcher_env(),
+                              capture_output=True, text=True, timeout=60)
+    expect_equal((disabled.returncode, disabled.stderr.splitlines()[:1]),
+                 (0, ["poolshim: log disabled (POOLSHIM_LOG is empty)"]), "an empty --log")
 
 
 @case

@@ -58,6 +58,50 @@ TEST_CASE("config: POOLSHIM_CONF sets options, a variable wins over it") {
   CHECK(p.config.release_threshold.percent == 10.0);
 }
 
+TEST_CASE("config: POOLSHIM_CONF takes key:value as PyTorch's and jemalloc's strings do") {
+  const ParsedConfig colon = parse_config({"POOLSHIM_CONF=cache:32M,free:ordered"});
+  CHECK(colon.warnings.empty());
+  CHECK(colon.config.cache.bytes == 32ULL << 20);
+  CHECK(colon.config.free == "ordered");
+  CHECK(colon.config.sources[index_of("cache")] == Source::conf_string);
+  CHECK(colon.config.texts[index_of("cache")] == "32M");
+  // Mixed, with spaces around either separator.
+  const ParsedConfig mixed = parse_config({"POOLSHIM_CONF=cache : 48M, free=sync ,sample_ms:250"});
+  CHECK(mixed.warnings.empty());
+  CHECK(mixed.config.cache.bytes == 48ULL << 20);
+  CHECK(mixed.config.free == "sync");
+  CHECK(mixed.config.sample_ms == 250);
+}
+
+TEST_CASE(
+    "config: a POOLSHIM_CONF item splits at its first '=' or ':', so values may hold either") {
+  const ParsedConfig a = parse_config({"POOLSHIM_CONF=log:/tmp/a=b.jsonl"});
+  CHECK(a.warnings.empty());
+  CHECK(a.config.log == "/tmp/a=b.jsonl");
+  const ParsedConfig b =
+      parse_config({"POOLSHIM_CONF=log=/mnt/x:y.jsonl,prom_file:/tmp/p:q=r.prom"});
+  CHECK(b.warnings.empty());
+  CHECK(b.config.log == "/mnt/x:y.jsonl");
+  CHECK(b.config.prom_file == "/tmp/p:q=r.prom");
+  // A bad value given with ':' is reported as with '=': the key, then the value.
+  const ParsedConfig bad = parse_config({"POOLSHIM_CONF=free:lazy,cache"});
+  REQUIRE(bad.warnings.size() == 2);
+  CHECK(bad.warnings[0] == "POOLSHIM_CONF: \"cache\" is not key=value or key:value; ignored");
+  CHECK(bad.warnings[1] ==
+        "POOLSHIM_CONF free=\"lazy\" is not one of auto|sync|ordered; using auto (the default)");
+  // An item with no key is not key=value either.
+  const ParsedConfig empty_key = parse_config({"POOLSHIM_CONF=:5, =6"});
+  REQUIRE(empty_key.warnings.size() == 2);
+  CHECK(empty_key.warnings[0] == "POOLSHIM_CONF: \":5\" is not key=value or key:value; ignored");
+  CHECK(empty_key.warnings[1] == "POOLSHIM_CONF: \"=6\" is not key=value or key:value; ignored");
+}
+
+TEST_CASE("config: summary is an ordinary option, off by default") {
+  CHECK_FALSE(parse_config({}).config.summary);
+  CHECK(parse_config({"POOLSHIM_SUMMARY=1"}).config.summary);
+  CHECK(parse_config({"POOLSHIM_CONF=summary:on"}).config.summary);
+}
+
 TEST_CASE(
     "config: a bad value keeps the default with a warning naming variable, value and default") {
   const ParsedConfig p = parse_config({"POOLSHIM_SAMPLE_MS=soon"});
@@ -83,7 +127,7 @@ TEST_CASE("config: unknown names are reported with the nearest option") {
   CHECK(p.warnings[0] ==
         "POOLSHIM_CONF: \"sampel_ms\" is not a poolshim option (did you mean sample_ms?); ignored");
   CHECK(p.warnings[1] == "POOLSHIM_CONF: \"zzzz\" is not a poolshim option; ignored");
-  CHECK(p.warnings[2] == "POOLSHIM_CONF: \"novalue\" is not key=value; ignored");
+  CHECK(p.warnings[2] == "POOLSHIM_CONF: \"novalue\" is not key=value or key:value; ignored");
   CHECK(p.warnings[3] ==
         "POOLSHIM_RELEASE_TRESHOLD is not a poolshim option (did you mean "
         "POOLSHIM_RELEASE_THRESHOLD?); ignored");
@@ -194,6 +238,32 @@ TEST_CASE("config: describe lists every option with its source") {
   REQUIRE(lines.size() == option_table().size());
   CHECK(lines[index_of("verbose")] == "verbose = 1 (environment)");
   CHECK(lines[index_of("log")] == "log = poolshim-%p.jsonl (default)");
+}
+
+TEST_CASE("config: describe shows the bytes a size resolves to beside the text given") {
+  const ParsedConfig p =
+      parse_config({"POOLSHIM_LIMIT=5%", "POOLSHIM_CONF=cache:512K",
+                    "POOLSHIM_RELEASE_THRESHOLD=1048576", "POOLSHIM_LIMIT_1=50%"});
+  REQUIRE(p.warnings.empty());
+  const std::uint64_t GiB = 1ULL << 30;
+  const auto one = describe_config(p.config, {{0, 140 * GiB}});
+  CHECK(one[index_of("limit")] == "limit = 5% = 7.0 GiB (environment)");
+  CHECK(one[index_of("cache")] == "cache = 512K = 512.0 KiB (POOLSHIM_CONF)");
+  CHECK(one[index_of("release_threshold")] ==
+        "release_threshold = 1048576 = 1.0 MiB (environment)");
+  CHECK(one[index_of("page")] == "page = 20M = 20.0 MiB (default)");
+  CHECK(one.back() == "limit of device 1 = 50.000000% of device memory (environment)");
+  // Devices of two sizes: device by device.
+  const auto two = describe_config(p.config, {{0, 140 * GiB}, {1, 80 * GiB}});
+  CHECK(two[index_of("limit")] ==
+        "limit = 5% = 7.0 GiB on device 0, 4.0 GiB on device 1 (environment)");
+  CHECK(two.back() == "limit of device 1 = 50.000000% = 40.0 GiB (environment)");
+  // No device known yet; and 0, which needs no resolving.
+  const auto none = describe_config(p.config);
+  CHECK(none[index_of("limit")] == "limit = 5% of device memory (environment)");
+  CHECK(describe_config(parse_config({}).config)[index_of("limit")] == "limit = 0 (default)");
+  // Other kinds show their text only.
+  CHECK(one[index_of("sample_ms")] == "sample_ms = 1000 (default)");
 }
 
 TEST_CASE("config: variable names are POOLSHIM_ and the upper-case name") {
