@@ -33,6 +33,8 @@ USAGE = {
     "poolshim": "usage: poolshim [--log PATH] [--conf k=v,...] [--observe] [--verbose] [--no-summary] [--] command "
                 "[args...]",
     "poolshim-report": "usage: poolshim-report [-h] [--version] [--full] [--html FILE]",
+    "container/build-stage.sh": "usage: container/build-stage.sh [--out DIR] [--build DIR] [--no-apt] [--no-build]",
+    "container/runtime-stage.sh": "usage: container/runtime-stage.sh [--root DIR] DEB",
 }
 
 
@@ -60,7 +62,9 @@ class Conventions(unittest.TestCase):
         os.mkdir(work)
         if os.path.exists(self.calls):
             os.unlink(self.calls)
-        done = subprocess.run([os.path.join(SCRIPTS, name), *args], env=self.env, cwd=work, capture_output=True,
+        # scripts/NAME, or a path from the top of the tree (container/build-stage.sh).
+        script = os.path.join(ROOT, name) if "/" in name else os.path.join(SCRIPTS, name)
+        done = subprocess.run([script, *args], env=self.env, cwd=work, capture_output=True,
                               text=True, timeout=60)
         called = open(self.calls).read() if os.path.exists(self.calls) else ""
         self.assertEqual(called, "", f"{name} {' '.join(args)} ran tools")
@@ -87,9 +91,10 @@ class Conventions(unittest.TestCase):
         self.assertEqual(sorted(named), sorted(installed))
 
     def test_version_is_the_projects(self):
-        for name in ("poolshim", "poolshim-report"):
+        for name in ("poolshim", "poolshim-report", "container/build-stage.sh", "container/runtime-stage.sh"):
             done = self.run_script(name, "--version")
-            self.assertEqual((done.returncode, done.stdout, done.stderr), (0, f"{name} {VERSION}\n", ""))
+            self.assertEqual((done.returncode, done.stdout, done.stderr),
+                             (0, f"{os.path.basename(name)} {VERSION}\n", ""))
 
 
 def main():
