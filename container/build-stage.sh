@@ -71,7 +71,8 @@ cmake_is_new_enough() {
 updated=0
 apt_install() {
   if [ "$(id -u)" != 0 ]; then
-    echo "poolshim build-stage: installing $* needs root (as in the image); pass --no-apt where the build has what it needs" >&2
+    echo "poolshim build-stage: installing $* needs root (as in the image);" \
+      "pass --no-apt where the build has what it needs" >&2
     exit 2
   fi
   if [ "$updated" = 0 ]; then apt-get update -qq; updated=1; fi

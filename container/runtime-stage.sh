@@ -36,7 +36,8 @@ while [ $# -gt 0 ]; do
     -h | --help) usage; exit 0 ;;
     --version)
       # Beside the source tree's CMakeLists.txt (not in the image, where the script is copied alone).
-      [ -f "$here/../CMakeLists.txt" ] || fail 1 "no CMakeLists.txt in $(dirname "$here"): --version reads project() there"
+      [ -f "$here/../CMakeLists.txt" ] ||
+        fail 1 "no CMakeLists.txt in $(dirname "$here"): --version reads project() there"
       version=$(sed -n 's/^project(poolshim VERSION \([0-9.]*\).*/\1/p' "$here/../CMakeLists.txt")
       echo "$name ${version:?no project() version in $here/../CMakeLists.txt}"
       exit 0
