@@ -181,6 +181,51 @@ def run_captured(args, env=None, cwd=None, timeout=120):
     return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
+# ---- Debian packages installed into a fresh root (tests/package, tests/container) -----------
+def control(deb, *fields):
+    """{field: value} of a package's control fields (those it has of the ones named)."""
+    # Package too: with one field asked for, dpkg-deb prints its value alone.
+    done = run_captured(["dpkg-deb", "-f", deb, "Package"] + [f for f in fields if f != "Package"])
+    assert done.returncode == 0, done.stderr
+    found = dict(re.findall(r"^(\S+): (.*)$", done.stdout, re.MULTILINE))
+    return {f: found[f] for f in fields if f in found}
+
+
+def dependency_names(depends):
+    """["libc6", ...] of a Depends field ("libc6 (>= 2.34), python3")."""
+    return [re.match(r"\s*([a-z0-9][a-z0-9+.-]*)", part).group(1) for part in depends.split(",")]
+
+
+def host_status_records(names):
+    """The machine's dpkg records of these packages, as a status file holds them."""
+    with open("/var/lib/dpkg/status", encoding="utf-8") as f:
+        records = f.read().split("\n\n")
+    found = {}
+    for record in records:
+        m = re.search(r"^Package: (\S+)$", record, re.MULTILINE)
+        if m and m.group(1) in names and re.search(r"^Status: install ok installed$", record, re.MULTILINE):
+            found[m.group(1)] = record.strip("\n")
+    return found
+
+
+def make_dpkg_root(root, deb):
+    """A fresh root for `dpkg --root=ROOT`: its package database holds the machine's own records
+    of the packages that `deb` depends on (and no files of theirs), so that dpkg checks the
+    Depends field against what this machine has, and the installed tools run with the machine's
+    Python and C++ runtime."""
+    admin = os.path.join(root, "var", "lib", "dpkg")
+    for folder in ("info", "updates"):
+        os.makedirs(os.path.join(admin, folder))
+    records = host_status_records(dependency_names(control(deb, "Depends")["Depends"]))
+    with open(os.path.join(admin, "status"), "w", encoding="utf-8") as f:
+        f.write("".join(record + "\n\n" for record in records.values()))
+    for name, record in records.items():
+        multiarch = re.search(r"^Multi-Arch: same$", record, re.MULTILINE)
+        arch = re.search(r"^Architecture: (\S+)$", record, re.MULTILINE).group(1)
+        # Their file lists, empty: none of their files is in this root.
+        open(os.path.join(admin, "info", f"{name}:{arch}.list" if multiarch else f"{name}.list"), "w").close()
+
+
 def unittest_main_with_options(doc, names, module_globals):
     """The main() of a test script that CMake passes required --NAME options: they become the
     module's ARGS (--build made absolute) before unittest runs the rest of the command line."""

@@ -24,38 +24,13 @@ import unittest
 HERE = os.path.dirname(os.path.realpath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
-from harness import (clean_environment, poolshim_log, run_captured as run,  # noqa: E402
-                     unittest_main_with_options)
+from harness import (clean_environment, control, dependency_names, host_status_records,  # noqa: E402
+                     make_dpkg_root, poolshim_log, run_captured as run, unittest_main_with_options)
 
 ARGS = None
 # Of the Debian packages, those whose files the library needs (dpkg-shlibdeps finds them), and
 # Python for the tools.
 RUNTIME_PACKAGES = ("libc6", "libgcc-s1", "libstdc++6")
-
-
-def control(deb, *fields):
-    # Package too: with one field asked for, dpkg-deb prints its value alone.
-    done = run(["dpkg-deb", "-f", deb, "Package"] + [f for f in fields if f != "Package"])
-    assert done.returncode == 0, done.stderr
-    found = dict(re.findall(r"^(\S+): (.*)$", done.stdout, re.MULTILINE))
-    return {f: found[f] for f in fields if f in found}
-
-
-def dependency_names(depends):
-    """["libc6", ...] of a Depends field ("libc6 (>= 2.34), python3")."""
-    return [re.match(r"\s*([a-z0-9][a-z0-9+.-]*)", part).group(1) for part in depends.split(",")]
-
-
-def host_status_records(names):
-    """The machine's dpkg records of these packages, as a status file holds them."""
-    with open("/var/lib/dpkg/status", encoding="utf-8") as f:
-        records = f.read().split("\n\n")
-    found = {}
-    for record in records:
-        m = re.search(r"^Package: (\S+)$", record, re.MULTILINE)
-        if m and m.group(1) in names and re.search(r"^Status: install ok installed$", record, re.MULTILINE):
-            found[m.group(1)] = record.strip("\n")
-    return found
 
 
 def sections(elf):
@@ -88,18 +63,7 @@ class Package(unittest.TestCase):
 
     @classmethod
     def install(cls, root, debs):
-        admin = os.path.join(root, "var", "lib", "dpkg")
-        for folder in ("info", "updates"):
-            os.makedirs(os.path.join(admin, folder))
-        names = dependency_names(control(debs[0], "Depends")["Depends"])
-        records = host_status_records(names)
-        with open(os.path.join(admin, "status"), "w", encoding="utf-8") as f:
-            f.write("".join(record + "\n\n" for record in records.values()))
-        for name, record in records.items():
-            multiarch = re.search(r"^Multi-Arch: same$", record, re.MULTILINE)
-            arch = re.search(r"^Architecture: (\S+)$", record, re.MULTILINE).group(1)
-            # Their file lists, empty: none of their files is in this root.
-            open(os.path.join(admin, "info", f"{name}:{arch}.list" if multiarch else f"{name}.list"), "w").close()
+        make_dpkg_root(root, debs[0])
         env = dict(os.environ)
         env["PATH"] = env.get("PATH", "") + ":/usr/sbin:/sbin"   # dpkg wants ldconfig on PATH, also unprivileged
         # --path-include: a path-exclude of the machine's dpkg.cfg.d (container images drop
