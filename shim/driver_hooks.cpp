@@ -311,6 +311,8 @@ void register_stream(CUresult r, const CUstream* stream, unsigned int flags) {
   // for each (a fence that missed one let a block freed on it serve another stream while a
   // kernel still wrote to it: seen on an H200 in sync mode).
   if (r != CUDA_SUCCESS || stream == nullptr || (flags & CU_STREAM_NON_BLOCKING) == 0) return;
+  // Observe mode pools nothing, so no fence waits for the stream: no event of our own either.
+  if (poolshim::shim::observe_mode()) return;
   static std::atomic<void*> get_device{nullptr};
   static std::atomic<void*> event_create{nullptr};
   auto* stream_get_device =

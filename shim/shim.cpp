@@ -64,6 +64,7 @@ struct State {
   std::atomic<int> phase{kIdle};
   std::atomic<bool> exiting{false};
   std::atomic<bool> forked_child_passthrough{false};
+  bool observe = false;  // POOLSHIM_MODE=observe, fixed at load
   DriverApi driver;
   EventQueue events;
   Router* router = nullptr;
@@ -276,6 +277,7 @@ void init_state() {
   s.load_mono_ns = now_ns();
   s.load_unix_s = static_cast<std::uint64_t>(std::time(nullptr));
   s.parsed = parse_config(environment_strings());
+  s.observe = s.parsed.config.mode == "observe";
   if (s.parsed.config.strict && !s.parsed.errors.empty()) {
     for (const auto& e : s.parsed.errors) print_stderr("error: " + e);
     print_stderr(
@@ -413,6 +415,10 @@ void capture_ended(cudaStream_t stream) {
 
 bool bookkeeping_allowed() {
   return !state().forked_child_passthrough.load(std::memory_order_relaxed);
+}
+
+bool observe_mode() {
+  return state().observe;
 }
 
 }  // namespace poolshim::shim

@@ -76,6 +76,10 @@ void capture_ended(cudaStream_t stream);
 /// state at all (the parent's locks may have been copied held).
 bool bookkeeping_allowed();
 
+/// POOLSHIM_MODE=observe: every call goes to the real function and the shim makes no CUDA call
+/// of its own on the application's behalf (no stream's event, no fence).
+bool observe_mode();
+
 /// How a real runtime call fared, for the counters.
 inline RealResult classify(cudaError_t e) {
   if (e == cudaSuccess) return RealResult::success;

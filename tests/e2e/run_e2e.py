@@ -246,6 +246,27 @@ def case_observe_mode_keeps_native_behaviour_where_the_pool_changes_it(tmp):
 
 
 @case
+def case_observe_mode_makes_no_cuda_call_of_its_own(tmp):
+    # The double counts every driver call the process makes: natively and in observe mode the
+    # counts are the same line for line (no event for a non-blocking stream, no fence, no
+    # synchronization of the shim's); pool mode's differ, which shows the counts can tell.
+    args = [program("observe_calls")]
+    native = run(args, False, tmp)
+    counts = dict(line.split() for line in native.out.splitlines())
+    expect_equal((native.rc, counts["cuEventCreate"], counts["cuEventRecord"]), (0, "0", "0"), "native run")
+    observed = run(args, True, tmp, {"POOLSHIM_MODE": "observe"})
+    compare(args, native, observed)
+    pool_dir = os.path.join(tmp, "pool")
+    os.makedirs(pool_dir)
+    pooled = run(args, True, pool_dir)
+    pooled_counts = dict(line.split() for line in pooled.out.splitlines())
+    expect(pooled_counts["cuEventCreate"] != "0", f"pool mode makes events of its own (the premise): {pooled_counts}")
+    expect_equal(pooled_counts["cuMemAllocAsync"], "0", "pool mode: the pool served the stream allocations")
+    ex, d = exit_device(one_log(tmp))
+    expect_equal((ex["pooled_allocs"], d["allocs"], d["frees"]), (0, 16, 16), "observe mode: tracked, nothing pooled")
+
+
+@case
 def case_observe_mode_oom_is_native_and_names_its_call_site(tmp):
     args = [program("oom_cases"), "exhausted"]
     env = {"CUDADOUBLE_MEM": "32M", "POOLSHIM_BACKTRACE": "8"}
