@@ -971,6 +971,32 @@ def case_launcher_says_when_no_log_was_written(tmp):
 
 
 @case
+def case_launcher_names_a_missing_cuda_driver(tmp):
+    """Without the double on the loader's path (and no driver installed) the command fails with
+    cudaErrorInsufficientDriver: after the no-log line the launcher says why, naming the double
+    beside the build's library; with the double there is no such line."""
+    launcher = os.path.join(ROOT, "scripts", "poolshim")
+    log = os.path.join(tmp, "log-%p.jsonl")
+    env = launcher_env()
+    env.pop("LD_LIBRARY_PATH")
+    native = subprocess.run([sys.executable, "-c", "import ctypes; ctypes.CDLL('libcuda.so.1')"], env=env,
+                            capture_output=True)
+    if native.returncode == 0:
+        print("skipped: this machine has a CUDA driver (libcuda.so.1 loads without the double)")
+        return
+    done = subprocess.run([launcher, "--log", log, program("demo"), "2", "1024"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    said = [s for s in done.stderr.splitlines() if s.startswith("poolshim")]
+    expect_equal((done.returncode, said), (10, [
+        f"poolshim: no log written ({log}): the command allocated no device memory under the shim, or did not load it",
+        "poolshim: no CUDA driver (libcuda.so.1) loads in the command's environment: it could reach no GPU; run over "
+        f"the CPU test double with LD_LIBRARY_PATH={os.path.join(BUILD, 'double')}"]), done.stderr)
+    with_double = subprocess.run([launcher, "--log", log, "--", "sh", "-c", "exit 5"], env=launcher_env(),
+                                 capture_output=True, text=True, timeout=60)
+    expect("no CUDA driver" not in with_double.stderr, with_double.stderr)
+
+
+@case
 def case_launcher_exit_status_126_and_127_as_shells_give(tmp):
     """127 when there is no such command, 126 when there is one that cannot be executed."""
     launcher = os.path.join(ROOT, "scripts", "poolshim")
