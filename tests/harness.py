@@ -226,6 +226,37 @@ def make_dpkg_root(root, deb):
         open(os.path.join(admin, "info", f"{name}:{arch}.list" if multiarch else f"{name}.list"), "w").close()
 
 
+DEMO_LAST_LINE = "demo: 10 steps, 7 allocations each, final checksum 1943edeeb97b1161"
+DEMO_POOLED_LINE = ("  device 0 (poolshim CPU test double, device 0): 71 allocations pooled (0 async), 70 freed; "
+                    "0 allocations and 0 frees passed through")
+
+
+def demo_over_the_double_env(build):
+    """The environment of an installed tool's run over the CPU double of `build`."""
+    env = clean_environment()
+    env.update(LD_LIBRARY_PATH=os.path.join(build, "double"), CUDADOUBLE_MEM="1G", CUDADOUBLE_DEVICES="1")
+    return env
+
+
+def check_installed_launcher_demo(test, launcher, build, work, env, wanted_preload, version):
+    """Runs an installed launcher over `build`'s demo (10 steps) in `work` and checks, on
+    unittest case `test`, what every installed layout must give: the preload it set, the demo's
+    checksum, the summary's pooled line, one log whose start record has `version`. Returns the
+    log's path and its start record."""
+    demo = os.path.join(build, "programs", "demo")
+    done = run_captured([launcher, "--log", os.path.join(work, "log-%p.jsonl"), "--",
+                         "sh", "-c", 'echo "$LD_PRELOAD"; exec "$0" 10 65536', demo], env=env, cwd=work)
+    test.assertEqual(done.returncode, 0, done.stderr)
+    test.assertEqual(done.stdout.splitlines()[0], wanted_preload)
+    test.assertEqual(done.stdout.splitlines()[-1], DEMO_LAST_LINE)
+    test.assertIn(DEMO_POOLED_LINE, done.stderr.splitlines())
+    logs = glob.glob(os.path.join(work, "log-*.jsonl"))
+    test.assertEqual(len(logs), 1, logs)
+    start = poolshim_log.read_log(logs[0])[0]
+    test.assertEqual((start["type"], start["version"]), ("start", version), "the library's version")
+    return logs[0], start
+
+
 def unittest_main_with_options(doc, names, module_globals):
     """The main() of a test script that CMake passes required --NAME options: they become the
     module's ARGS (--build made absolute) before unittest runs the rest of the command line."""

@@ -25,7 +25,8 @@ import unittest
 HERE = os.path.dirname(os.path.realpath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
-from harness import (clean_environment, make_dpkg_root, poolshim_log, run_captured as run,  # noqa: E402
+from harness import (DEMO_LAST_LINE, check_installed_launcher_demo, clean_environment, demo_over_the_double_env,
+                     make_dpkg_root, poolshim_log, run_captured as run,  # noqa: E402
                      unittest_main_with_options)
 
 ARGS = None
@@ -200,22 +201,10 @@ class Stages(unittest.TestCase):
         self.installed_ok()
         work = os.path.join(self.tmp, "run")
         os.makedirs(work)
-        env = clean_environment()
-        env["LD_LIBRARY_PATH"] = os.path.join(ARGS.build, "double")
-        env.update(CUDADOUBLE_MEM="1G", CUDADOUBLE_DEVICES="1")
-        demo = os.path.join(ARGS.build, "programs", "demo")
-        done = run([self.path("bin", "poolshim"), "--log", os.path.join(work, "log-%p.jsonl"), "--",
-                    "sh", "-c", f'echo "$LD_PRELOAD"; exec "{demo}" 10 65536'], env=env, cwd=work)
-        self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertEqual(done.stdout.splitlines()[0], os.path.realpath(self.root + LIBRARY))
-        self.assertEqual(done.stdout.splitlines()[-1],
-                         "demo: 10 steps, 7 allocations each, final checksum 1943edeeb97b1161")
-        self.assertIn("  device 0 (poolshim CPU test double, device 0): 71 allocations pooled (0 async), 70 freed; "
-                      "0 allocations and 0 frees passed through", done.stderr.splitlines())
-        logs = glob.glob(os.path.join(work, "log-*.jsonl"))
-        self.assertEqual(len(logs), 1, logs)
-        start = poolshim_log.read_log(logs[0])[0]
-        self.assertEqual((start["type"], start["version"]), ("start", ARGS.version))
+        env = demo_over_the_double_env(ARGS.build)
+        log, start = check_installed_launcher_demo(self, self.path("bin", "poolshim"), ARGS.build, work, env,
+                                                   os.path.realpath(self.root + LIBRARY), ARGS.version)
+        logs = [log]
         report = run([self.path("bin", "poolshim-report"), logs[0]], env=env, cwd=work)
         self.assertEqual((report.returncode, report.stderr), (0, ""))
         self.assertIn("  allocations pooled                                    71", report.stdout.splitlines())
@@ -231,7 +220,7 @@ class Stages(unittest.TestCase):
         done = run([os.path.join(ARGS.build, "programs", "demo"), "10", "65536"], env=env, cwd=work)
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertEqual(done.stdout.splitlines()[-1],
-                         "demo: 10 steps, 7 allocations each, final checksum 1943edeeb97b1161")
+                         DEMO_LAST_LINE)
         records = poolshim_log.read_log(glob.glob(os.path.join(work, "log-*.jsonl"))[0])
         exits = [r for r in records if r["type"] == "exit"]
         self.assertEqual(len(exits), 1)

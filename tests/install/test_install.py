@@ -10,7 +10,6 @@ import glob
 import os
 import re
 import runpy
-import shlex
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import unittest
 HERE = os.path.dirname(os.path.realpath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
-from harness import (clean_environment, poolshim_log, run_captured as run, sanitizer_runtime,  # noqa: E402
+from harness import (check_installed_launcher_demo, clean_environment, demo_over_the_double_env, poolshim_log, run_captured as run, sanitizer_runtime,  # noqa: E402
                      unittest_main_with_options)
 
 ARGS = None
@@ -122,9 +121,7 @@ class Installed(unittest.TestCase):
     def test_installed_launcher_preloads_the_installed_library_and_the_report_reads_its_log(self):
         work = os.path.join(self.tmp, "run")
         os.makedirs(work)
-        env = clean_environment()
-        env["LD_LIBRARY_PATH"] = os.path.join(ARGS.build, "double")
-        env.update(CUDADOUBLE_MEM="1G", CUDADOUBLE_DEVICES="1")
+        env = demo_over_the_double_env(ARGS.build)
         library = os.path.realpath(self.path(ARGS.libdir, f"libpoolshim.so.{ARGS.version}"))
         wanted_preload = library
         runtime = sanitizer_runtime(ARGS.build)
@@ -132,19 +129,9 @@ class Installed(unittest.TestCase):
             env["LD_PRELOAD"] = runtime
             env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":detect_leaks=0"
             wanted_preload = f"{runtime}:{library}"
-        demo = os.path.join(ARGS.build, "programs", "demo")
-        done = run([self.path(ARGS.bindir, "poolshim"), "--log", os.path.join(work, "log-%p.jsonl"), "--",
-                    "sh", "-c", f'echo "$LD_PRELOAD"; exec {shlex.quote(demo)} 10 65536'], env=env, cwd=work)
-        self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertEqual(done.stdout.splitlines()[0], wanted_preload)
-        self.assertEqual(done.stdout.splitlines()[-1], "demo: 10 steps, 7 allocations each, final checksum "
-                         "1943edeeb97b1161")
-        self.assertIn("  device 0 (poolshim CPU test double, device 0): 71 allocations pooled (0 async), 70 freed; "
-                      "0 allocations and 0 frees passed through", done.stderr.splitlines())
-        logs = glob.glob(os.path.join(work, "log-*.jsonl"))
-        self.assertEqual(len(logs), 1, logs)
-        start = poolshim_log.read_log(logs[0])[0]
-        self.assertEqual((start["type"], start["version"]), ("start", ARGS.version), "the library's version")
+        log, start = check_installed_launcher_demo(self, self.path(ARGS.bindir, "poolshim"), ARGS.build, work, env,
+                                                   wanted_preload, ARGS.version)
+        logs = [log]
 
         page = os.path.join(work, "report.html")
         report = run([self.path(ARGS.bindir, "poolshim-report"), "--html", page, logs[0]], env=env, cwd=work)

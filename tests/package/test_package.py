@@ -12,7 +12,6 @@ on (and no files of theirs), so that dpkg checks the Depends field against what 
 has, and the installed tools run with the machine's Python and C++ runtime.
 """
 
-import glob
 import os
 import re
 import shutil
@@ -24,7 +23,7 @@ import unittest
 HERE = os.path.dirname(os.path.realpath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))
-from harness import (clean_environment, control, dependency_names, host_status_records,  # noqa: E402
+from harness import (check_installed_launcher_demo, clean_environment, control, demo_over_the_double_env, dependency_names, host_status_records,  # noqa: E402
                      make_dpkg_root, poolshim_log, run_captured as run, unittest_main_with_options)
 
 ARGS = None
@@ -167,23 +166,11 @@ class Package(unittest.TestCase):
         self.installed_ok()
         work = os.path.join(self.tmp, "run")
         os.makedirs(work)
-        env = clean_environment()
-        env["LD_LIBRARY_PATH"] = os.path.join(ARGS.build, "double")
-        env.update(CUDADOUBLE_MEM="1G", CUDADOUBLE_DEVICES="1")
-        demo = os.path.join(ARGS.build, "programs", "demo")
-        done = run([self.path("bin", "poolshim"), "--log", os.path.join(work, "log-%p.jsonl"), "--",
-                    "sh", "-c", f'echo "$LD_PRELOAD"; exec "{demo}" 10 65536'], env=env, cwd=work)
-        self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertEqual(done.stdout.splitlines()[0],
-                         os.path.realpath(self.path("lib", "poolshim", f"libpoolshim.so.{ARGS.version}")))
-        self.assertEqual(done.stdout.splitlines()[-1], "demo: 10 steps, 7 allocations each, final checksum "
-                         "1943edeeb97b1161")
-        self.assertIn("  device 0 (poolshim CPU test double, device 0): 71 allocations pooled (0 async), 70 freed; "
-                      "0 allocations and 0 frees passed through", done.stderr.splitlines())
-        logs = glob.glob(os.path.join(work, "log-*.jsonl"))
-        self.assertEqual(len(logs), 1, logs)
-        start = poolshim_log.read_log(logs[0])[0]
-        self.assertEqual((start["type"], start["version"]), ("start", ARGS.version))
+        env = demo_over_the_double_env(ARGS.build)
+        library = os.path.realpath(self.path("lib", "poolshim", f"libpoolshim.so.{ARGS.version}"))
+        log, start = check_installed_launcher_demo(self, self.path("bin", "poolshim"), ARGS.build, work, env, library,
+                                                   ARGS.version)
+        logs = [log]
 
         page = os.path.join(work, "report.html")
         report = run([self.path("bin", "poolshim-report"), "--html", page, logs[0]], env=env, cwd=work)
