@@ -360,9 +360,11 @@ def process_summaries(records):
         devices = {}
         rows = list(p["samples"]) + list((p["exit"] or {}).get("devices") or [])
         for row in rows:
-            d = devices.setdefault(row["device"], {"device": row["device"], "max_pool_slack": 0.0})
+            d = devices.setdefault(row["device"], {"device": row["device"], "max_pool_slack": None})
             d["last"] = row
-            d["max_pool_slack"] = max(d["max_pool_slack"], row.get("pool_slack") or 0.0)
+            # Slack is a share of reserved memory: a row with nothing reserved has none.
+            if isinstance(row.get("pool_slack"), (int, float)) and row.get("reserved_bytes") != 0:
+                d["max_pool_slack"] = max(d["max_pool_slack"] or 0.0, row["pool_slack"])
         p["devices"] = devices
     return [by_pid[k] for k in sorted(by_pid)]
 
@@ -383,6 +385,27 @@ def outside_text(last):
     if last.get("other_bytes"):
         parts.append(f"other {fmt_bytes(last['other_bytes'])} at the end")
     return ("outside the pool: " + "; ".join(parts)) if parts else ""
+
+
+def slack_text(last, highest):
+    """What the pool holds beyond the memory handed out, and the rounding waste, of one device's
+    last figures: the slack split into the heap's cached free blocks (reusable at once) and the
+    rest; no share of 0 reserved bytes, and no rounding waste while nothing is live."""
+    reserved, used, cached = last.get("reserved_bytes"), last.get("used_bytes"), last.get("cached_bytes")
+    if reserved == 0:
+        slack = "pool slack: nothing reserved at the end"
+    else:
+        slack = f"pool slack {fmt_share(last.get('pool_slack'))} of reserved at the end"
+        if reserved is not None and used is not None and cached is not None:
+            slack += (f" ({fmt_bytes(cached)} cached, reusable at once; {fmt_bytes(max(reserved - used, 0))} "
+                      "other)")
+        if highest is not None:
+            slack += f", highest sampled {fmt_share(highest)}"
+    if last.get("requested_bytes") == 0 or last.get("live_allocs") == 0:
+        rounding = "rounding waste: nothing live at the end"
+    else:
+        rounding = f"rounding waste {fmt_share(last.get('rounding_waste'))}"
+    return f"{slack}; {rounding}"
 
 
 def summary_text(path, records):
@@ -429,9 +452,7 @@ def summary_text(path, records):
                              f"{fmt_bytes(last.get('cached_bytes'))} cached at the end (peak "
                              f"{fmt_bytes(last.get('cached_bytes_peak'))}), {n('cache_returns')} blocks given back, "
                              f"{n('fences')} fences")
-            lines.append(f"    fragmentation: pool slack {fmt_share(last.get('pool_slack'))} at the end "
-                         f"(highest sampled {fmt_share(d['max_pool_slack'])}), rounding waste "
-                         f"{fmt_share(last.get('rounding_waste'))}")
+            lines.append("    " + slack_text(last, d["max_pool_slack"]))
             outside = outside_text(last)
             if outside:
                 lines.append(f"    {outside}")

@@ -25,11 +25,15 @@ By default the summary is printed on standard output; --html and --perfetto writ
 EPILOG = """\
 the summary, per process:
   peaks and final figures of reserved, used and requested bytes per device (and the cap when
-  one is set); fragmentation over time: pool slack (1 - used/reserved) and rounding waste
-  (1 - requested/used), each as last / max / mean over the samples; allocations pooled,
+  one is set); the heap's cache: cached free blocks and cache hits; pool slack (1 - handed
+  out/reserved, split into cached free blocks and the driver pool's other memory) and rounding
+  waste (1 - requested/handed out), each as last / max / mean over the samples ("-" where
+  nothing is reserved or nothing live); why reserved is far above requested, when it is, with
+  the option that bounds it; the live allocations by size (--full); allocations pooled,
   async, passed through, fallback and failed; out-of-memory errors with verdict, hint and call
-  site; leaks at exit by call site; warnings. Bytes are in powers of 1024 (KiB, MiB, GiB).
-  A call site is shown by its first frame outside the CUDA libraries and poolshim.
+  site; leaks at exit by call site; warnings; for a run without an exit record, whether it
+  is still running (its pid alive on this host) or, from another host, that it cannot tell.
+  Bytes are in powers of 1024 (KiB, MiB, GiB). A call site is shown by its first frame outside the CUDA libraries and poolshim.
   Schema 2 logs add memory by owner per device (pool reserved, passed through, the
   application's own VMM physical memory, other), the VMM memory live at exit by call site, and
   at each out-of-memory error the mode and the native, VMM and other bytes. A run in observe

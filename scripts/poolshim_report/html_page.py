@@ -9,7 +9,10 @@ Stable hooks for tests and tools:
     <polyline class="series native|vmm|other" ...>   schema 2, where a sample has them above 0
                                                     (observe mode draws no reserved or used)
     <g class="oom-marker" data-verdict="..." data-t="...">            one per OOM on the device
-  <table class="figures|ooms|leaks|vmm-sites|warnings|processes|merged-devices|merged-leaks|merged-vmm">
+  <svg class="histogram" data-device="D" data-t="T">                 live allocations by size
+    <g class="bucket" data-from="BYTES" data-count="N">               one per size with allocations
+  <p class="hint gap" data-cause="cache|fences|pool|rounding">       reserved far above requested
+  <table class="figures (bytes|owners|shares|cache|counts)|ooms|leaks|vmm-sites|warnings|processes|merged-devices|merged-leaks|merged-vmm">
 The script sets data-interactive="1" on every timeline it has wired up.
 """
 
@@ -88,6 +91,7 @@ def _seconds_label(t):
     return f"{t:g} s"
 
 
+DOT_SPAN = 24      # a series narrower than this (SVG units) gets a dot at its last point
 MAX_POINTS = 1600   # samples drawn per chart; longer runs keep each stretch's first, last, lowest, highest
 
 
@@ -129,8 +133,8 @@ def chart_series(run, device):
 def timeline_svg(run, device, svg_id):
     """The SVG timeline of one device of one run, and the data the hover script reads."""
     lines = chart_series(run, device)
-    rows = _thin(device.samples if device.samples else ([device.exit_row] if device.exit_row else []),
-                 [(name, field) for name, _, field in lines])
+    # Every sample, whatever their spacing, and the exit record's figures as the last point.
+    rows = _thin(device.rows, [(name, field) for name, _, field in lines])
     series = {name: _points(rows, field) for name, _, field in lines}
     cap = _points(rows, "cap_bytes")
     ooms = sorted(device.ooms, key=lambda o: o["t"])
@@ -179,8 +183,9 @@ def timeline_svg(run, device, svg_id):
             continue
         points = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in pts)
         out.append(f'<polyline class="series {name}" data-series="{name}" points="{points}"/>')
-        if len(pts) == 1:
-            out.append(f'<circle class="dot {name}" cx="{x(pts[0][0]):.1f}" cy="{y(pts[0][1]):.1f}" r="3.5"/>')
+        if x(pts[-1][0]) - x(pts[0][0]) < DOT_SPAN:
+            # One point, or points too close together to make a visible line: a dot at the last.
+            out.append(f'<circle class="dot {name}" cx="{x(pts[-1][0]):.1f}" cy="{y(pts[-1][1]):.1f}" r="5"/>')
     if cap and cap_on_scale:
         points = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in cap)
         out.append(f'<polyline class="series cap" data-series="cap" points="{points}"/>')
@@ -212,6 +217,49 @@ def timeline_svg(run, device, svg_id):
     if not run.observe:
         data["slack"] = [r.get("pool_slack") for r in rows]
     return "".join(out), data
+
+
+HW, HH = 900, 170
+HML, HMR, HMT, HMB = 70, 18, 18, 34
+
+
+def histogram_svg(device):
+    """A bar chart of the device's live allocations by size (Device.histogram), or ""."""
+    row, buckets = device.histogram()
+    if not buckets:
+        return ""
+    top = max(count for _, count in buckets)
+    pw, ph = HW - HML - HMR, HH - HMT - HMB
+    slot = pw / len(buckets)
+    width = max(min(slot * 0.7, 60), 2)
+    caption = (f"live allocations by size at t={row['t']:.3f} s (the most bytes requested, "
+               f"{fmt_bytes_or_none(row.get('requested_bytes'))})")
+    out = [f'<figure class="sizes"><figcaption>{esc(caption)}</figcaption>'
+           f'<svg class="histogram" data-device="{device.device}" data-t="{row["t"]}" viewBox="0 0 {HW} {HH}" '
+           f'preserveAspectRatio="xMidYMid meet" role="img" aria-label="device {device.device}: {esc(caption)}">'
+           f'<line class="baseline" x1="{HML}" x2="{HW - HMR}" y1="{HMT + ph}" y2="{HMT + ph}"/>']
+    for i, (size, count) in enumerate(buckets):
+        height = max(count / top * ph, 1.5)
+        cx = HML + slot * (i + 0.5)
+        out.append(f'<g class="bucket" data-from="{size}" data-count="{count}">'
+                   f'<title>{esc(f"{fmt_count(count)} from {fmt_bytes(size)} up to {fmt_bytes(2 * size)}")}</title>'
+                   f'<rect class="bar" x="{cx - width / 2:.1f}" y="{HMT + ph - height:.1f}" width="{width:.1f}" '
+                   f'height="{height:.1f}"/>'
+                   f'<text class="count" x="{cx:.1f}" y="{HMT + ph - height - 4:.1f}" text-anchor="middle">'
+                   f'{esc(fmt_count(count))}</text>'
+                   f'<text class="size" x="{cx:.1f}" y="{HMT + ph + 18}" text-anchor="middle">{esc(fmt_bytes(size))}</text>'
+                   f'</g>')
+    out.append('</svg></figure>')
+    return "".join(out)
+
+
+def gap_html(run, device):
+    """The hint of a device whose reserved bytes are far above its requested ones, or ""."""
+    gap = None if run.observe else device.reserve_gap((run.start or {}).get("config"))
+    if gap is None:
+        return ""
+    return (f'<p class="hint gap" data-cause="{esc(gap["cause"])}"><b>reserved far above requested:</b> '
+            f'{esc(gap["text"])}</p>')
 
 
 # ---- tables ---------------------------------------------------------------------------------
@@ -289,9 +337,20 @@ def figures_table(run, device):
                             esc(fmt_bytes_or_none(device.peak(field)))] for name, field in run.owners],
                           numeric=(1, 2)))
     if not run.observe:
-        out.append(_table("figures shares", ["", "last", "max", "mean"],
-                          [["pool slack"] + triple("pool_slack"), ["rounding waste"] + triple("rounding_waste")],
-                          numeric=(1, 2, 3)))
+        shares = [["pool slack"] + triple("pool_slack")]
+        if device.has_cache:
+            shares += [["· cached"] + triple("slack_cached"),
+                       ["· other"] + triple("slack_other")]
+        shares.append(["rounding waste"] + triple("rounding_waste"))
+        out.append(_table("figures shares", ["", "last", "max", "mean"], shares, numeric=(1, 2, 3)))
+    if not run.observe and device.has_cache:
+        out.append(_table("figures cache", ["cache", ""],
+                          [["cached, final", esc(fmt_bytes_or_none(device.last("cached_bytes")))],
+                           ["cached, peak", esc(fmt_bytes_or_none(device.peak("cached_bytes")))],
+                           ["hits", esc(device.cache_hits_text())],
+                           ["misses", esc(fmt_count(device.counter("cache_misses")))],
+                           ["segments given back", esc(fmt_count(device.counter("cache_returns")))],
+                           ["fences", esc(fmt_count(device.counter("fences")))]], numeric=(1,)))
     counts = [("tracked" if run.observe else "pooled", "allocs"), ("async", "async_allocs"),
               ("passed through", "passthrough_allocs")] + ([] if run.observe else [("fallback", "fallback_allocs")]) + \
         [("failed", "failed_allocs"), ("frees", "frees")]
@@ -318,7 +377,8 @@ def run_section(run, data):
     out = [f'<section class="process" id="{esc(run.anchor)}" data-pid="{run.pid}">']
     out.append(f'<h2>{esc(run.label)}'
                + (f' <span class="tag">{esc("poolshim " + run.version)}</span>' if run.version else "")
-               + ("" if run.exit is not None else ' <span class="tag bad">no exit record</span>')
+               + ("" if run.exit is not None else ' <span class="tag running">still running</span>' if run.alive
+                  else ' <span class="tag bad">no exit record</span>')
                + ('<span class="tag">observe mode</span>' if run.observe else "")
                + '</h2>')
     if run.observe:
@@ -354,7 +414,7 @@ def run_section(run, data):
         cap = f' <span class="tag">cap {esc(fmt_bytes(d.cap))}</span>' if d.cap is not None else ""
         out.append(f'<div class="device" data-device="{d.device}"><h3>{esc(title)}{cap}</h3>'
                    f'<div class="device-body"><div class="chart">{_legend(run, d)}{svg}'
-                   f'<div class="readout" hidden></div></div>'
+                   f'<div class="readout" hidden></div>{gap_html(run, d)}{histogram_svg(d)}</div>'
                    f'<div class="side">{figures_table(run, d)}</div></div></div>')
 
     ooms = run.ooms_sorted
@@ -432,7 +492,8 @@ def overview(report):
              if run.ooms else "0"),
             esc(NONE if leaks is None else f'{fmt_count(leaks["count"])} · {fmt_bytes(leaks["bytes"])}'),
             esc(len(run.warnings)), esc(fmt_duration(run.duration)),
-            "exit" if run.exit is not None else '<span class="bad">no exit record</span>',
+            "exit" if run.exit is not None else '<span class="running">still running</span>' if run.alive
+            else '<span class="bad">no exit record</span>',
         ])
     return _table("processes", ["pid", "rank", "host", "command", "devices", "peak reserved", "pooled", "OOMs",
                                 "leaks", "warnings", "ran", "end"], rows, numeric=(0, 5, 6, 9, 10))
@@ -443,9 +504,11 @@ def merged(report):
     runs = report.runs
     leak_count, leak_bytes = report.leak_totals()
     no_exit = report.runs_without_exit()
+    running = report.runs_still_running()
     totals = [
         ("processes", f"{len(runs)} from {len(report.paths)} log{'s' if len(report.paths) != 1 else ''}"
-                      + (f"; {no_exit} without an exit record" if no_exit else "")),
+                      + (f"; {no_exit} without an exit record" if no_exit else "")
+                      + (f" ({running} still running)" if running else "")),
         ("hosts", ", ".join(report.hosts()) or NONE),
         ("ranks", ", ".join(report.ranks()) or NONE),
         ("allocations", report.allocations_text()),
@@ -616,6 +679,13 @@ p.mode.observe { margin: -6px 0 10px; font-weight: 600; color: #0e7490; }
 table.processes td { white-space: nowrap; } table.processes td:nth-child(4) { white-space: normal; }
 table.merged-devices td, table.merged-ordinals td { white-space: nowrap; }
 dl.totals { margin-bottom: 4px; }
+.tag.running { background: #dcfce7; color: #166534; } .running { color: #166534; font-weight: 600; }
+p.hint.gap { margin: 8px 0 4px; padding: 6px 10px; background: #fffbeb; border-left: 3px solid var(--used);
+  font-size: 13px; }
+figure.sizes { margin: 10px 0 0; } figure.sizes figcaption { font-size: 12.5px; color: var(--muted); }
+svg.histogram { width: 100%; height: auto; display: block; font-size: 12px; }
+svg.histogram .bar { fill: var(--requested); opacity: .8; } svg.histogram .baseline { stroke: #9ca3af; }
+svg.histogram text { fill: var(--muted); } svg.histogram text.count { fill: var(--ink); }
 """
 
 SCRIPT = r"""

@@ -12,13 +12,14 @@ import copy
 import math
 import os
 import shlex
+import socket
 
 import poolshim_log
 
 from . import lines
 from poolshim_log import LogError
 
-from .fmt import fmt_bytes, fmt_bytes_or_none, fmt_count, site_key
+from .fmt import NONE, fmt_bytes, fmt_bytes_or_none, fmt_count, fmt_share, site_key
 
 VERDICTS = ("exhausted", "cap", "fragmentation")
 
@@ -249,15 +250,70 @@ class Device:
         return self._memoized(("counter", field), compute)
 
     def share(self, field):
-        """(last, max, mean) of a 0..1 figure; mean over the sample records (the exit row only
-        when there are none)."""
+        """(last, max, mean) of a 0..1 figure (share_value: pool_slack, rounding_waste and the
+        two parts of the slack); mean over the sample records (the exit row only when there are
+        none). Rows where the figure's denominator is 0 have no value: no slack when nothing is
+        reserved, no rounding waste when nothing is live."""
         def compute():
-            values = self._values(self.samples or self.rows, field)
-            every = self._values(self.rows, field)
+            def values(rows):
+                return [v for v in (share_value(r, field) for r in rows) if v is not None]
+            sampled = values(self.samples or self.rows)
+            every = values(self.rows)
             if not every:
                 return (None, None, None)
-            return (self.last(field), max(every), sum(values) / len(values) if values else None)
+            return (share_value(self.final, field), max(every), sum(sampled) / len(sampled) if sampled else None)
         return self._memoized(("share", field), compute)
+
+    @property
+    def has_cache(self):
+        """Whether the rows have the heap's cache figures (logs before the cache have none)."""
+        return any("cache_hits" in r or "cached_bytes" in r for r in self.rows)
+
+    def cache_hits_text(self):
+        """"90 of 100 (90.0%)": allocations served from the heap's free blocks, of those that
+        were served by a free block or a new segment; "-" without the figures."""
+        hits, misses = self.counter("cache_hits"), self.counter("cache_misses")
+        if hits is None:
+            return NONE
+        served = hits + misses if misses is not None else None
+        share = f" ({fmt_share(hits / served)})" if served else ""
+        return f"{fmt_count(hits)} of {fmt_count(served)}{share}"
+
+    def histogram(self):
+        """(row, [(lower bound, count)]) of the live allocations by size where they were the
+        most bytes (the row of the highest requested bytes with a histogram, the latest such),
+        or (None, []) when no row has a histogram with an allocation in it."""
+        def compute():
+            best = None
+            for r in self.rows:
+                hist = r.get("size_histogram") or {}
+                if not any((_num(v) or 0) > 0 for v in hist.values()):
+                    continue
+                key = _num(r.get("requested_bytes")) or 0
+                if best is None or key >= best[0]:
+                    best = (key, r)
+            if best is None:
+                return (None, [])
+            hist = best[1]["size_histogram"]
+            return (best[1], sorted(((int(k), v) for k, v in hist.items() if (_num(v) or 0) > 0)))
+        return self._memoized("histogram", compute)
+
+    def reserve_gap(self, config):
+        """Why reserved is far above requested, or None: when the peak reserved bytes are at
+        least twice the peak requested bytes and 16 MiB more. The cause is read from the latest
+        row at the highest reserved bytes (its reserved, used, cached and requested figures):
+        the largest part of what that row holds beyond its live bytes. Returns {"row",
+        "reserved", "requested", "cause" ("cache", "fences", "pool" or "rounding"), "bytes" (the
+        cause's), "text" (the figures, the cause and the option that bounds it)}."""
+        def compute():
+            rows = [r for r in self.rows if _num(r.get("reserved_bytes")) is not None]
+            if not rows:
+                return None
+            top = max(r["reserved_bytes"] for r in rows)
+            row = [r for r in rows if r["reserved_bytes"] == top][-1]
+            return reserve_gap(row, self.peak("reserved_bytes"), self.peak("requested_bytes"),
+                               self.counter("ordered_frees"), config)
+        return self._memoized("reserve_gap", compute)
 
     @property
     def cap(self):
@@ -490,13 +546,143 @@ class Run:
         return (self.exit or {}).get("notes") or []
 
     @property
+    def alive(self):
+        """Whether the run's process is still running: True (its pid is alive on this host and
+        started no later than the log's start record), False (on this host and gone, or its pid
+        now names a later process), None (no exit record but no way to tell: another host, or no
+        start record naming host and pid). Always False once the exit record is written."""
+        if self.exit is not None:
+            return False
+        if self.start is None or not self.host:
+            return None
+        if self.host != socket.gethostname():
+            return None
+        return process_alive_since(self.pid, self.start_unix_s)
+
+    @property
+    def ended(self):
+        """Whether the run is known to have ended (an exit record, or its process is gone)."""
+        return self.exit is not None or self.alive is False
+
+    @property
+    def end_tag(self):
+        """A short word for how the run ended: "exit", "still running", "no exit record"."""
+        if self.exit is not None:
+            return "exit"
+        return "still running" if self.alive else "no exit record"
+
+    @property
     def ending(self):
         """How the run ended, in words."""
         if self.exit is not None:
             return "normally (exit record written)"
+        alive = self.alive
+        if alive:
+            return f"still running (no exit record yet; pid {self.pid} is alive on this host)"
+        if alive is None and self.start is not None and self.host:
+            oom = self.ooms and self.ooms_sorted[-1]["t"] >= (self.t_max or 0) - 1.0
+            return "no exit record (other host: cannot tell)" + (", right after an out-of-memory error" if oom else "")
         if self.ooms and self.ooms_sorted[-1]["t"] >= (self.t_max or 0) - 1.0:
             return "no exit record, right after an out-of-memory error (killed, _exit, abort or a fatal signal)"
         return "no exit record (killed, _exit, abort or a fatal signal)"
+
+
+def process_alive_since(pid, start_unix_s):
+    """Whether process `pid` of this host exists and started no later than `start_unix_s` (plus
+    a second of the clocks' rounding): a pid reused by a later process does not count. Without a
+    start time, whether the pid exists."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    if start_unix_s is None:
+        return True
+    try:
+        # Field 22 (after the parenthesized name, which may hold spaces): start time in clock
+        # ticks after boot; /proc/stat's btime is the boot time in seconds since 1970.
+        ticks = int(stat[stat.rindex(")") + 2:].split()[19])
+        with open("/proc/stat", encoding="ascii") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        started = boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return True
+    return started <= start_unix_s + 1.0
+
+
+def share_value(row, field):
+    """A 0..1 figure of one row, or None where its denominator is 0 (or a field is missing):
+    pool_slack (of reserved), rounding_waste (of handed out; none while nothing is live), and
+    the slack's parts, of reserved: "slack_cached" (the heap's free blocks, reusable at once)
+    and "slack_other" (reserved but not in the heap's segments: the driver pool's free memory)."""
+    reserved = _num(row.get("reserved_bytes"))
+    if field == "pool_slack":
+        return None if reserved == 0 else _num(row.get("pool_slack"))
+    if field == "rounding_waste":
+        if _num(row.get("requested_bytes")) == 0 or _num(row.get("live_allocs")) == 0:
+            return None
+        return _num(row.get("rounding_waste"))
+    if field in ("slack_cached", "slack_other"):
+        cached, used = _num(row.get("cached_bytes")), _num(row.get("used_bytes"))
+        if not reserved or cached is None or used is None:
+            return None
+        part = cached if field == "slack_cached" else reserved - used
+        return min(max(part / reserved, 0.0), 1.0)
+    return _num(row.get(field))
+
+
+GAP_MIN_BYTES = 16 * 1024 * 1024
+
+
+def _config_bytes(config, key):
+    """An option's value in bytes as the start record's config gives it ("64M", "1G", "0"), or
+    None (a share of device memory, or no value)."""
+    text = str((config or {}).get(key, "")).strip()
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    number, unit = text.rstrip("KMGTkmgtBb"), text[len(text.rstrip("KMGTkmgtBb")):].upper().rstrip("B")
+    if not number.isdigit() or unit not in units:
+        return None
+    return int(number) * units[unit]
+
+
+def reserve_gap(row, reserved, requested, ordered_frees, config):
+    """Device.reserve_gap: `reserved` and `requested` are the peaks, `row` the row read for the
+    cause, `config` the start record's."""
+    if reserved is None or requested is None or reserved < 2 * requested or reserved - requested < GAP_MIN_BYTES:
+        return None
+    used, cached, live = (_num(row.get(f)) for f in ("used_bytes", "cached_bytes", "requested_bytes"))
+    if used is None or cached is None or live is None:
+        return None
+    row_reserved = row["reserved_bytes"]
+    pool = max(row_reserved - used, 0)          # the driver pool's free memory
+    rounding = max(used - cached - live, 0)     # handed out beyond the bytes asked for
+    config = config or {}
+    cache_limit = _config_bytes(config, "cache")
+    cause, part = max((("cache", cached), ("pool", pool), ("rounding", rounding)), key=lambda c: c[1])
+    figures = (f"peak reserved {fmt_bytes(reserved)} for a peak of {fmt_bytes(requested)} requested; "
+               f"at t={row['t']:.3f} s it is")
+    if cause == "cache" and (ordered_frees or 0) > 0 and cache_limit is not None and cached > cache_limit:
+        cause = "fences"
+        why = (f" mostly freed blocks waiting for their fences ({fmt_bytes(cached)} in the heap's free blocks, "
+               f"beyond the {config.get('cache')} cache; {fmt_count(ordered_frees)} cudaFree calls were ordered, "
+               f"not synchronized): POOLSHIM_FREE=sync makes each cudaFree's block reusable at once")
+    elif cause == "cache":
+        now = f" (now {config.get('cache')})" if config.get("cache") not in (None, "") else ""
+        why = (f" mostly the heap's cache ({fmt_bytes(cached)} of free blocks kept for reuse, served again "
+               f"without a driver call): POOLSHIM_CACHE{now} bounds it"
+               + ("" if cache_limit is None or cached <= cache_limit else
+                  "s whole free segments; the rest are free blocks in segments still partly in use"))
+    elif cause == "pool":
+        threshold = config.get("release_threshold")
+        now = f" (now {threshold})" if threshold not in (None, "") else ""
+        why = (f" mostly free memory the driver pool holds ({fmt_bytes(pool)} reserved but not in the heap's "
+               f"segments, given back only when the pool is idle, down to the release threshold): "
+               f"POOLSHIM_RELEASE_THRESHOLD{now} sets what it keeps, POOLSHIM_IDLE_TRIM_MS when it trims")
+    else:
+        why = (f" mostly rounding ({fmt_bytes(rounding)} handed out beyond the bytes asked for: 512-byte "
+               f"granules and the unsplit rest of segments); no option changes it")
+    return {"row": row, "reserved": reserved, "requested": requested, "cause": cause, "bytes": part,
+            "text": f"{figures}{why}"}
 
 
 def group_runs(path, records):
@@ -591,6 +777,9 @@ class Report:
 
     def runs_without_exit(self):
         return sum(1 for r in self.runs if r.exit is None)
+
+    def runs_still_running(self):
+        return sum(1 for r in self.runs if r.exit is None and r.alive)
 
     def process_name(self, run):
         """How merged tables name a process: by rank where every run has a rank of its own, else by pid."""

@@ -3,10 +3,11 @@
 One trace process per run (its pid, or a stand-in when two runs share a pid), named by pid,
 rank, host and command. Per device, counter events ("ph": "C") named "device D reserved",
 "device D used", "device D requested" and "device D cap", each with one numeric arg "bytes"
-(Perfetto shows a track per name and arg: "device 0 reserved bytes"), and "device D pool
-slack" with arg "percent"; for a schema 2 log, "device D native", "device D VMM physical" and
+(Perfetto shows a track per name and arg: "device 0 reserved bytes"), "device D pool
+slack" with arg "percent", "device D cached" (the heap's free blocks, arg "bytes") and "device D
+cache hits" (a running count, arg "count"); for a schema 2 log, "device D native", "device D VMM physical" and
 "device D other" where a sample has them above zero (observe mode has no reserved, used or
-pool slack tracks: nothing was pooled). OOMs and warnings are instant events ("ph": "i",
+pool slack or cache tracks: nothing was pooled). OOMs and warnings are instant events ("ph": "i",
 process scope) with their details in args; the start and the exit of a run are instant events too.
 Timestamps are microseconds: the run's `t`, shifted by its start time relative to the earliest
 run with --align wall (the default), or not shifted with --align zero; never negative.
@@ -20,8 +21,9 @@ TID = 1
 # (track, field, arg, scale) of the counters of every device; POOL_ONLY are left out in observe mode.
 COUNTERS = (("reserved", "reserved_bytes", "bytes", None), ("used", "used_bytes", "bytes", None),
             ("requested", "requested_bytes", "bytes", None), ("cap", "cap_bytes", "bytes", None),
-            ("pool slack", "pool_slack", "percent", 100))
-POOL_ONLY = ("reserved", "used", "pool slack")
+            ("pool slack", "pool_slack", "percent", 100), ("cached", "cached_bytes", "bytes", None),
+            ("cache hits", "cache_hits", "count", None))
+POOL_ONLY = ("reserved", "used", "pool slack", "cached", "cache hits")
 
 
 def _clean(args):

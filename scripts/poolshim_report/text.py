@@ -89,8 +89,18 @@ def device_table(run, full):
                 row("  VMM released, still mapped", lambda d: _now_and_peak(d, "vmm_released_mapped_bytes"))
                 row("  VMM creates/releases/maps/unmaps", lambda d: " / ".join(
                     fmt_count(d.counter(f"vmm_{c}")) for c in ("creates", "releases", "maps", "unmaps")))
+        cache = pool and any(d.has_cache for d in chunk)
+        if cache:
+            row("cached free blocks", lambda d: _now_and_peak(d, "cached_bytes"))
+            row("cache hits", lambda d: d.cache_hits_text())
+            if full:
+                row("  misses/returns/fences", lambda d: " / ".join(
+                    fmt_count(d.counter(f)) for f in ("cache_misses", "cache_returns", "fences")))
         if pool:
             row("pool slack (last/max/mean)", lambda d: _share_triple(d, "pool_slack"))
+            if cache:
+                row("  cached, reusable at once", lambda d: _share_triple(d, "slack_cached"))
+                row("  other (the driver pool's)", lambda d: _share_triple(d, "slack_other"))
             row("rounding waste (last/max/mean)", lambda d: _share_triple(d, "rounding_waste"))
         row(f"allocations {pooled}", lambda d: fmt_count(d.counter("allocs")))
         row("  async", lambda d: fmt_count(d.counter("async_allocs")))
@@ -115,6 +125,33 @@ def device_table(run, full):
             lines.append("")
         lines.extend(table(rows, "l" + "r" * len(chunk)))
     return lines
+
+
+HISTOGRAM_COLUMNS = 8   # buckets per row of the size table
+
+
+def histogram_lines(d):
+    """A compact table of one device's live allocations by size (Device.histogram): bucket
+    lower bounds over counts, HISTOGRAM_COLUMNS buckets a row; [] without a histogram."""
+    row, buckets = d.histogram()
+    if not buckets:
+        return []
+    lines = [f"  live allocations by size on device {d.device} at t={row['t']:.3f} s "
+             f"(the most bytes requested, {fmt_bytes_or_none(row.get('requested_bytes'))})"]
+    for first in range(0, len(buckets), HISTOGRAM_COLUMNS):
+        chunk = buckets[first:first + HISTOGRAM_COLUMNS]
+        lines.extend(table([["from"] + [fmt_bytes(size) for size, _ in chunk],
+                            ["count"] + [fmt_count(count) for _, count in chunk]], "l" + "r" * len(chunk), indent=4))
+    return lines
+
+
+def gap_lines(run, d):
+    """The hint of a device whose reserved bytes are far above its requested ones, wrapped."""
+    gap = d.reserve_gap((run.start or {}).get("config"))
+    if gap is None:
+        return []
+    return textwrap.wrap(f"reserved far above requested on device {d.device}: {gap['text']}", WIDTH,
+                         initial_indent="  ", subsequent_indent="    ")
 
 
 def _grouped(allocations):
@@ -299,6 +336,15 @@ def run_section(run, full=False, several_logs=False):
     lines.append("")
     if run.devices:
         lines.extend(device_table(run, full))
+        extra = []
+        for d in run.devices.values():
+            if not run.observe:
+                extra.extend(gap_lines(run, d))
+            if full:
+                extra.extend(histogram_lines(d))
+        if extra:
+            lines.append("")
+            lines.extend(extra)
     else:
         lines.append("  no device memory was pooled")
     ex = run.exit or {}
@@ -342,13 +388,15 @@ def merged_section(report, full=False):
     lines = [f"== merged: {len(runs)} processes from {len(report.paths)} log{'s' if len(report.paths) != 1 else ''}"]
     leak_count, leak_bytes = report.leak_totals()
     no_exit = report.runs_without_exit()
+    running = report.runs_still_running()
     meta = [
         ("hosts", ", ".join(report.hosts()) or NONE),
         ("ranks", ", ".join(report.ranks()) or NONE),
         ("allocations", report.allocations_text()),
         ("out of memory", report.ooms_text()),
         ("leaks at exit", f"{fmt_count(leak_count)} allocations, {fmt_bytes(leak_bytes)}"
-                          + (f"; {no_exit} process{'es' if no_exit != 1 else ''} without an exit record" if no_exit else "")),
+                          + (f"; {no_exit} process{'es' if no_exit != 1 else ''} without an exit record" if no_exit else "")
+                          + (f" ({running} still running)" if running else "")),
         ("warnings", str(sum(len(r.warnings) for r in runs))),
     ]
     lines.extend(table([[k, v] for k, v in meta], "ll", indent=2))
