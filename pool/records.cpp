@@ -111,7 +111,7 @@ std::string start_record(double t, const ProcessInfo& info, const Config& config
   JsonObject o = header("start", t, info.pid);
   o.add("version", poolshim_version_string());
   o.add("host", info.host).add("rank", info.rank);
-  o.add("start_unix_s", info.start_unix_s);
+  o.add("start_unix_s", info.start_unix_s).add("start_unix_ns", info.start_unix_ns);
   o.add("log", info.log_path);
   std::vector<std::string> args;
   for (const auto& a : info.command_line) args.push_back(json_string(a));
