@@ -106,7 +106,7 @@ double pool_slack(const PoolUsage& u, std::uint64_t cached);
 /// 1 - requested / handed-out (see pool_slack).
 double rounding_waste(const PoolUsage& u, std::uint64_t cached, std::uint64_t requested);
 
-/// "exhausted" or "fragmentation" (memory held or free but not usable for the request).
+/// The name of oom_verdict_of(r): "exhausted", "cap" or "fragmentation".
 const char* oom_verdict(const OomReport& r);
 /// The device's used memory (cuMemGetInfo: total - free, every process) that is neither the
 /// pool's, nor tracked native allocations, nor the application's VMM memory: contexts,
