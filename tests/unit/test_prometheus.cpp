@@ -170,7 +170,7 @@ TEST_CASE("prometheus: the families of one table, poolshim_info with the pid, no
   CHECK(prometheus_text({a, b}, process(), "pool") == expected);
 }
 
-TEST_CASE("prometheus: label values escape quotes, backslashes and newlines; mode observe") {
+TEST_CASE("prometheus: label values escape quotes, backslashes and newlines, mode observe") {
   ProcessInfo info = process();
   info.host = "a\"b\\c\nd";
   const std::string text = prometheus_text({}, info, "observe");
