@@ -114,7 +114,8 @@ void BackgroundWorker::flush() {
   pending_records_.clear();
   if (prometheus_due_) {
     prometheus_due_ = false;
-    const std::string error = write_file_atomically(info_.prom_path, pending_prometheus_);
+    const std::string error =
+        write_file_atomically(info_.prom_path, pending_prometheus_, &prom_written_);
     if (!error.empty() && !prom_warned_) {
       prom_warned_ = true;
       print_stderr("warning: POOLSHIM_PROM_FILE: " + error);
@@ -246,7 +247,7 @@ void BackgroundWorker::write_oom(const OomReport& r) {
 
 void BackgroundWorker::write_prometheus(const std::vector<DeviceSnapshot>& snaps) {
   if (info_.prom_path.empty()) return;
-  pending_prometheus_ = prometheus_text(snaps, info_);
+  pending_prometheus_ = prometheus_text(snaps, info_, router_.config().mode);
   prometheus_due_ = true;
 }
 
@@ -307,6 +308,11 @@ void BackgroundWorker::end(const ExitExtras& extras) {
     summary = final_records(extras);
   }
   flush();
+  // The Prometheus file goes with the process, after its last write: a textfile collector
+  // then stops exporting its figures. A failure leaves the file with the final figures; one
+  // warning on stderr says so and nothing else changes.
+  const std::string kept = remove_file_if_ours(info_.prom_path, prom_written_);
+  if (!kept.empty()) print_stderr("warning: POOLSHIM_PROM_FILE: " + kept + " at exit; it stays");
   const bool written = log_.is_open();
   log_.close();
   // What plain LD_PRELOAD use hears at exit (summary.h), once the exit record is out.

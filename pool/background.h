@@ -22,6 +22,7 @@
 
 #include "events.h"
 #include "log_file.h"
+#include "prometheus.h"
 #include "records.h"
 #include "router.h"
 #include "symbolize.h"
@@ -116,6 +117,7 @@ class BackgroundWorker {
   std::set<std::string> reported_ooms_;
   std::uint64_t oom_repeats_ = 0;
   bool prom_warned_ = false;
+  FileIdentity prom_written_;  // the Prometheus file last written, removed at exit
 };
 
 }  // namespace poolshim

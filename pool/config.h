@@ -84,7 +84,8 @@ namespace poolshim {
     "sites of OOM and leak reports; 0 records none.")                                              \
   X(prom_file, Path, "",                                                                           \
     "Also write the per-device figures in Prometheus text format to this file at each sample "     \
-    "(rewritten atomically, for node_exporter's textfile collector); empty: none.")                \
+    "(rewritten atomically, for node_exporter's textfile collector), removed at exit; empty: "     \
+    "none.")                                                                                       \
   X(verbose, Bool, "0",                                                                            \
     "Print the effective configuration, where each value came from and the bytes each size "       \
     "resolves to, to stderr at start, and the log's path at exit.")                                \

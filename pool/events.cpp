@@ -2,6 +2,20 @@
 
 namespace poolshim {
 
+OomVerdict oom_verdict_of(const OomReport& r) {
+  const std::uint64_t unused = r.reserved > r.used ? r.reserved - r.used : 0;
+  // Memory held by the pool, unused, but not in a piece that fits: fragmentation.
+  if (unused >= r.request) return OomVerdict::fragmentation;
+  // The pool would have to grow past the cap: what the pool holds unused does not fit the
+  // request (above), and the cap leaves less than the request to reserve. (Unused memory in
+  // pieces counts against the cap too: a partial page of the paged arena, say.)
+  const std::uint64_t room = r.cap > r.reserved ? r.cap - r.reserved : 0;
+  if (r.cap > 0 && room < r.request) return OomVerdict::cap;
+  // The device had the memory free, but not usable for this request.
+  if (r.device_info_valid && r.device_free >= r.request) return OomVerdict::fragmentation;
+  return OomVerdict::exhausted;
+}
+
 std::uint64_t EventQueue::push(Event e) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (queue_.size() >= kCapacity) {

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "stats.h"
+
 namespace poolshim {
 
 /// What the pool saw when an allocation failed for good (DESIGN §5, `oom` record).
@@ -33,6 +35,12 @@ struct OomReport {
   int error = 0;           // the code the application got back
   bool observe = false;    // observe mode: the figures are the tracked native allocations
 };
+
+/// Why the allocation failed (README, the `oom` record's `verdict`): the pool's unused memory,
+/// or the device's free memory within the cap, was at least the request (fragmentation); the
+/// cap's headroom was less than the request (cap); or the memory is in use (exhausted).
+/// Arithmetic on the report only: the hook that publishes it counts the verdict.
+OomVerdict oom_verdict_of(const OomReport& r);
 
 struct Event {
   enum class Kind { warning, oom } kind = Kind::warning;

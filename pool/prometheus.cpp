@@ -30,56 +30,100 @@ std::string label_value(const std::string& v) {
   return out;
 }
 
-struct Metric {
+// A family of series, one per device: one row of the table below, written by one loop (a
+// template instantiation per family cost 83 KiB of object code).
+struct Family {
   const char* name;
   const char* type;  // gauge or counter
   const char* help;
+  double (*value)(const DeviceSnapshot&);
 };
+
+constexpr Family kFamilies[] = {
+    {"poolshim_reserved_bytes", "gauge", "Memory the pool holds from the driver.",
+     [](const DeviceSnapshot& d) -> double { return d.pool.reserved; }},
+    {"poolshim_used_bytes", "gauge", "Memory of the pool handed out (cached bytes included).",
+     [](const DeviceSnapshot& d) -> double { return d.pool.used; }},
+    {"poolshim_cached_bytes", "gauge",
+     "Bytes in the heap's free blocks: used to the pool, free to the application.",
+     [](const DeviceSnapshot& d) -> double { return d.cached_bytes; }},
+    {"poolshim_requested_bytes", "gauge", "Bytes the application asked for, live.",
+     [](const DeviceSnapshot& d) -> double { return d.stats.requested_bytes.current; }},
+    {"poolshim_live_allocations", "gauge", "Live pooled allocations.",
+     [](const DeviceSnapshot& d) -> double { return d.stats.live_allocs.current; }},
+    {"poolshim_cap_bytes", "gauge", "The pool's cap (POOLSHIM_LIMIT), 0 when none.",
+     [](const DeviceSnapshot& d) -> double { return d.cap; }},
+    {"poolshim_device_free_bytes", "gauge", "Device memory free as the driver sees it.",
+     [](const DeviceSnapshot& d) -> double { return d.device_free; }},
+    {"poolshim_device_total_bytes", "gauge", "Device memory in all.",
+     [](const DeviceSnapshot& d) -> double { return d.device_total; }},
+    {"poolshim_pool_slack_ratio", "gauge",
+     "1 - (used - cached) / reserved: memory the pool holds but has not handed out, 0 when "
+     "nothing is reserved.",
+     [](const DeviceSnapshot& d) { return pool_slack(d.pool, d.cached_bytes); }},
+    {"poolshim_allocations_total", "counter", "Allocations served from the pool.",
+     [](const DeviceSnapshot& d) -> double { return d.stats.allocs; }},
+    {"poolshim_frees_total", "counter", "Pooled blocks given back.",
+     [](const DeviceSnapshot& d) -> double { return d.stats.frees; }},
+    {"poolshim_passthrough_allocations_total", "counter",
+     "Allocation calls passed to the real function.",
+     [](const DeviceSnapshot& d) -> double { return d.stats.passthrough_allocs; }},
+    {"poolshim_cache_hits_total", "counter",
+     "Allocations served from a free block of the heap (no driver call).",
+     [](const DeviceSnapshot& d) -> double { return d.stats.cache_hits; }},
+    {"poolshim_cache_misses_total", "counter",
+     "Allocations that needed a new segment from the pool.",
+     [](const DeviceSnapshot& d) -> double { return d.stats.cache_misses; }},
+    {"poolshim_oom_total", "counter", "Out-of-memory errors returned to the application.",
+     [](const DeviceSnapshot& d) -> double { return d.stats.ooms; }},
+};
+
+void header(std::string& out, const char* name, const char* type, const char* help) {
+  out.append("# HELP ").append(name).append(" ").append(help).append("\n");
+  out.append("# TYPE ").append(name).append(" ").append(type).append("\n");
+}
+
+void series(std::string& out, const char* name, const std::string& labels, double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", value);
+  out.append(name).append("{").append(labels).append("} ").append(text).append("\n");
+}
 
 }  // namespace
 
-std::string prometheus_text(const std::vector<DeviceSnapshot>& devices, const ProcessInfo& info) {
+std::string prometheus_text(const std::vector<DeviceSnapshot>& devices, const ProcessInfo& info,
+                            std::string_view mode) {
+  const std::string process =
+      "host=\"" + label_value(info.host) + "\",rank=\"" + label_value(info.rank) + "\"";
   std::string out;
-  auto family = [&](const Metric& m, auto value_of) {
-    out += std::string("# HELP ") + m.name + " " + m.help + "\n";
-    out += std::string("# TYPE ") + m.name + " " + m.type + "\n";
-    for (const auto& d : devices) {
-      char value[64];
-      std::snprintf(value, sizeof value, "%.17g", static_cast<double>(value_of(d)));
-      out += std::string(m.name) + "{pid=\"" + std::to_string(info.pid) + "\",host=\"" +
-             label_value(info.host) + "\",rank=\"" + label_value(info.rank) + "\",device=\"" +
-             std::to_string(d.device) + "\"} " + value + "\n";
+  header(out, "poolshim_info", "gauge",
+         "The process behind the series (pid, poolshim's version, mode); always 1.");
+  series(out, "poolshim_info",
+         process + ",pid=\"" + std::to_string(info.pid) + "\",version=\"" +
+             label_value(poolshim_version_string()) + "\",mode=\"" +
+             label_value(std::string(mode)) + "\"",
+         1);
+  std::vector<std::string> labels;
+  for (const auto& d : devices)
+    labels.push_back(process + ",device=\"" + std::to_string(d.device) + "\"");
+  for (const Family& f : kFamilies) {
+    header(out, f.name, f.type, f.help);
+    for (std::size_t i = 0; i < devices.size(); ++i)
+      series(out, f.name, labels[i], f.value(devices[i]));
+  }
+  header(out, "poolshim_ooms_total", "counter",
+         "Out-of-memory errors returned to the application, by the oom record's verdict.");
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    for (int v = 0; v < kOomVerdicts; ++v) {
+      series(out, "poolshim_ooms_total", labels[i] + ",verdict=\"" + kOomVerdictNames[v] + "\"",
+             static_cast<double>(devices[i].stats.ooms_by_verdict[v]));
     }
-  };
-  family({"poolshim_reserved_bytes", "gauge", "Memory the pool holds from the driver."},
-         [](const DeviceSnapshot& d) { return d.pool.reserved; });
-  family({"poolshim_used_bytes", "gauge", "Memory of the pool handed out."},
-         [](const DeviceSnapshot& d) { return d.pool.used; });
-  family({"poolshim_requested_bytes", "gauge", "Bytes the application asked for, live."},
-         [](const DeviceSnapshot& d) { return d.stats.requested_bytes.current; });
-  family({"poolshim_live_allocations", "gauge", "Live pooled allocations."},
-         [](const DeviceSnapshot& d) { return d.stats.live_allocs.current; });
-  family({"poolshim_cap_bytes", "gauge", "The pool's cap (POOLSHIM_LIMIT), 0 when none."},
-         [](const DeviceSnapshot& d) { return d.cap; });
-  family({"poolshim_device_free_bytes", "gauge", "Device memory free as the driver sees it."},
-         [](const DeviceSnapshot& d) { return d.device_free; });
-  family({"poolshim_device_total_bytes", "gauge", "Device memory in all."},
-         [](const DeviceSnapshot& d) { return d.device_total; });
-  family({"poolshim_pool_slack_ratio", "gauge", "1 - used / reserved."},
-         [](const DeviceSnapshot& d) { return pool_slack(d.pool, d.cached_bytes); });
-  family({"poolshim_allocations_total", "counter", "Allocations served from the pool."},
-         [](const DeviceSnapshot& d) { return d.stats.allocs; });
-  family({"poolshim_frees_total", "counter", "Pooled blocks given back."},
-         [](const DeviceSnapshot& d) { return d.stats.frees; });
-  family({"poolshim_passthrough_allocations_total", "counter",
-          "Allocation calls passed to the real function."},
-         [](const DeviceSnapshot& d) { return d.stats.passthrough_allocs; });
-  family({"poolshim_oom_total", "counter", "Out-of-memory errors returned to the application."},
-         [](const DeviceSnapshot& d) { return d.stats.ooms; });
+  }
   return out;
 }
 
-std::string write_file_atomically(const std::string& path, const std::string& text) {
+std::string write_file_atomically(const std::string& path, const std::string& text,
+                                  FileIdentity* written) {
   // Only a regular file of ours is replaced (issue 12: a device node at the path became a
   // regular file; as root that could be /dev/null).
   struct stat st {};
@@ -119,11 +163,29 @@ std::string write_file_atomically(const std::string& path, const std::string& te
     }
     done += static_cast<std::size_t>(n);
   }
+  struct stat made {};
+  const bool known = ::fstat(fd, &made) == 0;
   ::close(fd);
   if (::rename(temporary.c_str(), path.c_str()) != 0) {
     const std::string why = strerror(errno);
     ::unlink(temporary.c_str());
     return "cannot rename " + temporary + " to " + path + ": " + why;
+  }
+  if (written != nullptr) *written = FileIdentity{known, made.st_dev, made.st_ino};
+  return {};
+}
+
+std::string remove_file_if_ours(const std::string& path, const FileIdentity& written) {
+  if (!written.valid) return {};
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    return errno == ENOENT ? std::string() : "cannot remove " + path + ": " + strerror(errno);
+  }
+  // Another file at the path now (a user's, or a later process's that took the same name):
+  // not ours to remove.
+  if (!S_ISREG(st.st_mode) || st.st_dev != written.device || st.st_ino != written.inode) return {};
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return "cannot remove " + path + ": " + strerror(errno);
   }
   return {};
 }

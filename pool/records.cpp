@@ -111,7 +111,7 @@ std::string start_record(double t, const ProcessInfo& info, const Config& config
   JsonObject o = header("start", t, info.pid);
   o.add("version", poolshim_version_string());
   o.add("host", info.host).add("rank", info.rank);
-  o.add("start_unix_s", info.start_unix_s);
+  o.add("start_unix_s", info.start_unix_s).add("start_unix_ns", info.start_unix_ns);
   o.add("log", info.log_path);
   std::vector<std::string> args;
   for (const auto& a : info.command_line) args.push_back(json_string(a));
@@ -153,17 +153,7 @@ std::string warning_record(double t, int pid, std::string_view text) {
 }
 
 const char* oom_verdict(const OomReport& r) {
-  const std::uint64_t unused = r.reserved > r.used ? r.reserved - r.used : 0;
-  // Memory held by the pool, unused, but not in a piece that fits: fragmentation.
-  if (unused >= r.request) return "fragmentation";
-  // The pool would have to grow past the cap: what the pool holds unused does not fit the
-  // request (above), and the cap leaves less than the request to reserve. (Unused memory in
-  // pieces counts against the cap too: a partial page of the paged arena, say.)
-  const std::uint64_t room = r.cap > r.reserved ? r.cap - r.reserved : 0;
-  if (r.cap > 0 && room < r.request) return "cap";
-  // The device had the memory free, but not usable for this request.
-  if (r.device_info_valid && r.device_free >= r.request) return "fragmentation";
-  return "exhausted";
+  return kOomVerdictNames[static_cast<int>(oom_verdict_of(r))];
 }
 
 std::string oom_hint(const OomReport& r) {

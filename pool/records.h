@@ -25,7 +25,8 @@ struct ProcessInfo {
   std::string host;
   std::string rank;  // from RANK, OMPI_COMM_WORLD_RANK, PMI_RANK or SLURM_PROCID; "0" if none
   std::vector<std::string> command_line;
-  std::uint64_t start_unix_s = 0;   // wall clock at library load
+  std::uint64_t start_unix_s = 0;   // wall clock at library load: start_unix_ns / 10^9
+  std::uint64_t start_unix_ns = 0;  // the same reading in nanoseconds
   std::uint64_t start_mono_ns = 0;  // monotonic clock at library load: "t" counts from here
   std::string log_path;             // after expansion
   std::string prom_path;            // POOLSHIM_PROM_FILE after expansion; empty: none
@@ -105,7 +106,7 @@ double pool_slack(const PoolUsage& u, std::uint64_t cached);
 /// 1 - requested / handed-out (see pool_slack).
 double rounding_waste(const PoolUsage& u, std::uint64_t cached, std::uint64_t requested);
 
-/// "exhausted" or "fragmentation" (memory held or free but not usable for the request).
+/// The name of oom_verdict_of(r): "exhausted", "cap" or "fragmentation".
 const char* oom_verdict(const OomReport& r);
 /// The device's used memory (cuMemGetInfo: total - free, every process) that is neither the
 /// pool's, nor tracked native allocations, nor the application's VMM memory: contexts,

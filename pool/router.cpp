@@ -262,7 +262,7 @@ void Router::decline_allocation(DevicePool& pool, std::size_t bytes, CUstream st
 
 void Router::publish_oom(const OomReport& report) {
   DeviceStats& s = stats(report.device);
-  s.bump(&CounterShard::ooms);
+  s.on_oom(oom_verdict_of(report));
   if (unused_of(PoolUsage{report.reserved, 0, report.used, 0, true}) >= report.request) {
     s.bump(&CounterShard::oom_with_slack);
   }

@@ -54,6 +54,12 @@ namespace poolshim {
   X(requested_bytes, "bytes the application asked for, in live pooled allocations") \
   X(live_allocs, "live pooled allocations")
 
+/// The verdicts of an out-of-memory error (oom_verdict_of in events.h), each counted per device
+/// beside `ooms` (the Prometheus file's poolshim_ooms_total; the log's oom records name them).
+enum class OomVerdict { exhausted, cap, fragmentation };
+constexpr int kOomVerdicts = 3;
+constexpr const char* kOomVerdictNames[kOomVerdicts] = {"exhausted", "cap", "fragmentation"};
+
 /// How far a shard's part of each gauge may run ahead of the shared sum (Gauge).
 constexpr std::int64_t kRequestedBytesBatch = std::int64_t{1} << 20;
 constexpr std::int64_t kLiveAllocsBatch = 16;
@@ -153,6 +159,7 @@ struct alignas(64) CounterShard {
   POOLSHIM_GAUGES(POOLSHIM_GAUGE_TOTAL)
 #undef POOLSHIM_GAUGE_TOTAL
   std::array<std::atomic<std::uint64_t>, kHistogramBuckets> histogram{};
+  std::array<std::atomic<std::uint64_t>, kOomVerdicts> ooms_by_verdict{};
 };
 
 using Counter = std::atomic<std::uint64_t> CounterShard::*;
@@ -195,6 +202,12 @@ struct DeviceStats {
   void bump(Counter counter, std::uint64_t n = 1) {
     (mine().*counter).fetch_add(n, std::memory_order_relaxed);
   }
+  /// An out-of-memory error returned to the application: `ooms` and its verdict's count.
+  void on_oom(OomVerdict verdict) {
+    CounterShard& c = mine();
+    c.ooms.fetch_add(1, std::memory_order_relaxed);
+    c.ooms_by_verdict[static_cast<std::size_t>(verdict)].fetch_add(1, std::memory_order_relaxed);
+  }
 };
 
 /// A copy of DeviceStats taken by the background thread.
@@ -206,6 +219,7 @@ struct StatsSnapshot {
   POOLSHIM_GAUGES(POOLSHIM_GAUGE_VALUE)
 #undef POOLSHIM_GAUGE_VALUE
   std::array<std::uint64_t, kHistogramBuckets> histogram{};
+  std::array<std::uint64_t, kOomVerdicts> ooms_by_verdict{};  // sums to `ooms`
 };
 
 inline StatsSnapshot take_snapshot(const DeviceStats& s) {
@@ -220,6 +234,9 @@ inline StatsSnapshot take_snapshot(const DeviceStats& s) {
 #undef POOLSHIM_SUM_TOTAL
     for (int i = 0; i < kHistogramBuckets; ++i) {
       out.histogram[i] += c.histogram[i].load(std::memory_order_relaxed);
+    }
+    for (int i = 0; i < kOomVerdicts; ++i) {
+      out.ooms_by_verdict[i] += c.ooms_by_verdict[i].load(std::memory_order_relaxed);
     }
   }
   // Shards are read one after another: an allocation counted on a shard already read and its

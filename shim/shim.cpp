@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <fstream>
 #include <new>
 #include <string>
@@ -60,7 +59,7 @@ constexpr std::uint64_t kExitDrainNs = 1000000000ULL;
 struct State {
   ParsedConfig parsed;
   std::uint64_t load_mono_ns = 0;
-  std::uint64_t load_unix_s = 0;
+  std::uint64_t load_unix_ns = 0;  // wall clock read right after load_mono_ns
   std::atomic<int> phase{kIdle};
   std::atomic<bool> exiting{false};
   std::atomic<bool> forked_child_passthrough{false};
@@ -128,7 +127,8 @@ ProcessInfo make_process_info(const Config& config) {
   info.rank = rank_from_environment();
   info.command_line = command_line();
   info.start_mono_ns = state().load_mono_ns;
-  info.start_unix_s = state().load_unix_s;
+  info.start_unix_ns = state().load_unix_ns;
+  info.start_unix_s = info.start_unix_ns / 1000000000ULL;
   info.log_path = expand_log_path(config.log, info.pid, info.host, info.rank, info.start_unix_s);
   info.prom_path =
       expand_log_path(config.prom_file, info.pid, info.host, info.rank, info.start_unix_s);
@@ -275,7 +275,7 @@ void on_fork_child() {
 void init_state() {
   State& s = *new (g_state_storage) State();
   s.load_mono_ns = now_ns();
-  s.load_unix_s = static_cast<std::uint64_t>(std::time(nullptr));
+  s.load_unix_ns = unix_now_ns();
   s.parsed = parse_config(environment_strings());
   s.observe = s.parsed.config.mode == "observe";
   if (s.parsed.config.strict && !s.parsed.errors.empty()) {

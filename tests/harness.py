@@ -51,19 +51,46 @@ def sanitizer_runtime(build):
         return f.read().strip() or None
 
 
-def run_process(args, env, timeout=60):
+def _sanitized(args, env):
+    """`env` with a sanitizer build's runtime first in the preload."""
     runtime = env.get(SANITIZER_RUNTIME)
     if runtime and env.get("LD_PRELOAD") and env["LD_PRELOAD"].split(":")[0] != runtime:
         env = dict(env, LD_PRELOAD=runtime + ":" + env["LD_PRELOAD"])
     if runtime and os.path.basename(args[0]).startswith("python"):
         # The interpreter does not free its own objects at exit: not ours to report.
         env = dict(env, ASAN_OPTIONS=env.get("ASAN_OPTIONS", "") + ":detect_leaks=0")
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
-    if runtime:
-        reports = [line for line in done.stderr.splitlines() if any(r in line for r in SANITIZER_REPORTS)]
+    return env
+
+
+def _no_sanitizer_reports(args, env, stderr):
+    if env.get(SANITIZER_RUNTIME):
+        reports = [line for line in stderr.splitlines() if any(r in line for r in SANITIZER_REPORTS)]
         expect(not reports, f"{' '.join(args)}: sanitizer report(s):\n" + "\n".join(reports[:5]) +
-               f"\n--- stderr\n{done.stderr[-6000:]}")
+               f"\n--- stderr\n{stderr[-6000:]}")
+
+
+def run_process(args, env, timeout=60):
+    env = _sanitized(args, env)
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout)
+    _no_sanitizer_reports(args, env, done.stderr)
     return Result(done.returncode, done.stdout, done.stderr)
+
+
+def talk_to_process(args, env, talk, timeout=60):
+    """Runs `args` with pipes on stdin, stdout and stderr; `talk(proc)` reads and writes them
+    while it runs. The Result holds what was left to read once `talk` returned."""
+    env = _sanitized(args, env)
+    proc = subprocess.Popen(args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        talk(proc)
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    _no_sanitizer_reports(args, env, err)
+    return Result(proc.returncode, out, err)
 
 
 def clean_environment():

@@ -41,10 +41,20 @@ def _site_lines(sites, limit):
             + f": {site_text(s.get('site'), callers=1)}" for s in sites[:limit]]
 
 
+def _start_ns(run):
+    """A run's start in ns since 1970: start_unix_ns where the start record has it and it agrees
+    with start_unix_s (ranks line up to the ns, not the second), else start_unix_s; None if none."""
+    s = run.start_unix_s
+    if s is None:
+        return None
+    ns = (run.start or {}).get("start_unix_ns")
+    return ns if type(ns) is int and ns // 10 ** 9 == s else round(s * 10 ** 9)  # noqa: E721
+
+
 def trace(report, align="wall"):
     events = []
     used_pids = set()
-    starts = [r.start_unix_s for r in report.runs]
+    starts = [_start_ns(r) for r in report.runs]
     wall = align == "wall" and all(s is not None for s in starts)
     base = min(starts) if wall else 0
     # Each run's offset so that its earliest t lands at >= 0.
@@ -55,7 +65,7 @@ def trace(report, align="wall"):
             # unsigned 32 bits a trace's pid has.
             pid = (pid + 10_000_000) % 2 ** 32
         used_pids.add(pid)
-        offset = (run.start_unix_s - base) if wall else 0.0
+        offset = (_start_ns(run) - base) / 1e9 if wall else 0.0
         if (run.t_min or 0.0) + offset < 0:
             offset = -run.t_min
 

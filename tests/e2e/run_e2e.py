@@ -13,13 +13,14 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from harness import (ROOT, SANITIZER_RUNTIME, Failure, check_proc_address, compare,  # noqa: E402
                      exit_device, exit_record, expect, expect_equal, expect_exit_snapshot, logs_in,
                      parse_fields, poolshim_log, records_of, run_process, clean_environment,
-                     sanitizer_runtime, with_shim)
+                     sanitizer_runtime, talk_to_process, with_shim)
 
 MiB = 1 << 20
 CASES = {}
@@ -352,18 +353,57 @@ def case_oom_repeats_are_reported_once(tmp):
 
 @case
 def case_prometheus_file(tmp):
-    prom = os.path.join(tmp, "poolshim-%p.prom")
-    shim = run([program("demo"), "5", str(1 << 16)], True, tmp, {"POOLSHIM_PROM_FILE": prom, "POOLSHIM_SAMPLE_MS": "5"})
-    expect_equal(shim.rc, 0, "exit status")
-    files = [f for f in os.listdir(tmp) if f.endswith(".prom")]
-    expect_equal(len(files), 1, f"prometheus files: {os.listdir(tmp)}")
-    text = open(os.path.join(tmp, files[0])).read()
-    pid = files[0].split("-")[1].split(".")[0]
+    """The .prom file while the process runs: series labelled host, rank and device, the pid
+    only in poolshim_info; and no file left once the process has exited (issue 17)."""
+    env = with_shim(base_env({"POOLSHIM_PROM_FILE": os.path.join(tmp, "poolshim-%p.prom"),
+                              "POOLSHIM_SAMPLE_MS": "5"}),
+                    os.path.join(BUILD, "libpoolshim.so"), os.path.join(tmp, "log-%p.jsonl"))
+    host = socket.gethostname()
+    seen = {}
+
+    def look(proc):
+        expect_equal(proc.stdout.readline(), "holding\n", "the program's first line")
+        path = seen["path"] = os.path.join(tmp, f"poolshim-{proc.pid}.prom")
+        live = f'poolshim_live_allocations{{host="{host}",rank="0",device="0"}} 1\n'
+        deadline = time.time() + 20
+        text = ""
+        while live not in text and time.time() < deadline:  # a sample after the allocation
+            time.sleep(0.005)
+            if os.path.exists(path):
+                with open(path) as f:
+                    text = f.read()
+        seen["text"], seen["pid"] = text, proc.pid
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+
+    shim = talk_to_process(host_edges("hold"), env, look)
+    expect_equal((shim.rc, shim.out), (0, "freed\n"), f"exit status and output\n{shim.err}")
+    text, labels = seen["text"], f'host="{host}",rank="0",device="0"'
     for line in ("# TYPE poolshim_reserved_bytes gauge", "# TYPE poolshim_allocations_total counter",
-                 f'poolshim_allocations_total{{pid="{pid}",host="{socket.gethostname()}",rank="0",device="0"}} 36',
-                 f'poolshim_live_allocations{{pid="{pid}",host="{socket.gethostname()}",rank="0",device="0"}} 1'):
-        expect(line in text, f"missing {line!r} in\n{text}")
+                 f'poolshim_info{{host="{host}",rank="0",pid="{seen["pid"]}",version="{poolshim_log.version()}",'
+                 'mode="pool"} 1',
+                 f"poolshim_allocations_total{{{labels}}} 1", f"poolshim_live_allocations{{{labels}}} 1",
+                 f"poolshim_requested_bytes{{{labels}}} 1048576", f"poolshim_cache_misses_total{{{labels}}} 1",
+                 f'poolshim_ooms_total{{{labels},verdict="exhausted"}} 0'):
+        expect(line + "\n" in text, f"missing {line!r} in\n{text}")
+    expect_equal(text.count("pid="), 1, "pid labels (poolshim_info only)")
+    expect(not os.path.exists(seen["path"]), f"the .prom file is left after exit: {os.listdir(tmp)}")
     expect(not [f for f in os.listdir(tmp) if ".tmp." in f], "a temporary file was left behind")
+    expect_equal(len(records_of(one_log(tmp), "exit")), 1, "exit records")
+
+
+@case
+def case_start_record_has_the_start_in_nanoseconds(tmp):
+    """start_unix_ns (issue 17): the wall clock at load in nanoseconds, whose whole seconds are
+    start_unix_s."""
+    before = time.time_ns()
+    shim = run([program("churn"), "10", "4", str(MiB)], True, tmp)
+    after = time.time_ns()
+    expect_equal(shim.rc, 0, f"exit status\n{shim.err}")
+    start = records_of(one_log(tmp), "start")[0]
+    ns = start["start_unix_ns"]
+    expect(type(ns) is int and before <= ns <= after, f"start_unix_ns {ns!r} not in [{before}, {after}]")
+    expect_equal(start["start_unix_s"], ns // 10 ** 9, "start_unix_s (start_unix_ns // 10^9)")
 
 
 @case
@@ -1403,8 +1443,9 @@ def case_prometheus_file_replaces_only_a_regular_file_of_ours(tmp):
     expect_equal(shim.rc, 0, f"exit status\n{shim.err}")
     with open(victim) as f:
         expect_equal(f.read(), "precious\n", "the file linked under the old temporary name")
-    with open(prom) as f:
-        expect("poolshim_reserved_bytes" in f.read(), "the metrics file")
+    # Written at each sample without a warning, and removed at exit, as the file last written.
+    expect("POOLSHIM_PROM_FILE" not in shim.err, f"a warning about the metrics file\n{shim.err}")
+    expect(not os.path.exists(prom), "the metrics file is left after exit")
 
 
 def main():

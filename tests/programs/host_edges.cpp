@@ -19,6 +19,9 @@
 //                                             thread
 //   host_edges dlclose LIBRARY                dlopens LIBRARY (the shim), allocates through
 //                                             it, and dlcloses it: must not hang
+//   host_edges hold                           allocates 1 MiB, says "holding", waits for a
+//                                             line on stdin, frees and exits: a test looks at
+//                                             the shim's files while the process runs
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -144,6 +147,18 @@ int dlopen_and_close(const char* library) {
   return 0;
 }
 
+int hold() {
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, 1 << 20));
+  std::printf("holding\n");
+  std::fflush(stdout);
+  char line[16];
+  if (std::fgets(line, sizeof line, stdin) == nullptr) return 1;
+  CHECK_CUDA(cudaFree(p));
+  std::printf("freed\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -154,8 +169,9 @@ int main(int argc, char** argv) {
     return take_signals(std::atoi(argv[2]), argc > 3 && std::strcmp(argv[3], "early") == 0);
   }
   if (mode == "dlclose" && argc > 2) return dlopen_and_close(argv[2]);
+  if (mode == "hold") return hold();
   std::fprintf(stderr,
                "usage: host_edges exit_while_allocating THREADS | daemon_fds FILE | "
-               "sigwait N [early] | dlclose LIBRARY\n");
+               "sigwait N [early] | dlclose LIBRARY | hold\n");
   return 2;
 }

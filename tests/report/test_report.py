@@ -872,6 +872,24 @@ class PerfettoTrace(unittest.TestCase):
         self.assertEqual(first_counter(zero, 7002), 1e6)
         self.assertEqual(trace_problems(zero), [])
 
+    def test_ranks_aligned_to_the_nanosecond_by_start_unix_ns(self):
+        folder = tempfile.mkdtemp(prefix="poolshim-report-test-")
+        self.addCleanup(shutil.rmtree, folder, True)
+        logs = []
+        for pid, ns in ((8001, 1796300000_100000000), (8002, 1796300000_350000000)):
+            logs.append(os.path.join(folder, f"{pid}.jsonl"))
+            with open(logs[-1], "w") as f:
+                f.write(json.dumps({"schema": 2, "type": "start", "t": 0, "pid": pid, "start_unix_s": 1796300000,
+                                    "start_unix_ns": ns}) + "\n")
+                f.write(json.dumps({"schema": 2, "type": "sample", "t": 1, "pid": pid, "device": 0,
+                                    "reserved_bytes": 1}) + "\n")
+        path = os.path.join(folder, "trace.json")
+        self.assertEqual(run_tool("-q", "--perfetto", path, *logs).returncode, 0)
+        with open(path, encoding="utf-8") as f:
+            events = json.load(f)["traceEvents"]
+        first = {pid: min(e["ts"] for e in events if e["ph"] == "C" and e["pid"] == pid) for pid in (8001, 8002)}
+        self.assertEqual(first, {8001: 1e6, 8002: 1.25e6})    # whole seconds alone: 1e6 both
+
 
     def test_a_vmm_log_has_a_vmm_counter_and_its_call_sites_at_exit(self):
         trace = self.trace("vmm_keep.jsonl")

@@ -135,6 +135,14 @@ TEST_CASE("worker: start, sample and exit records with the pool's figures") {
   std::remove(path.c_str());
 }
 
+TEST_CASE("start record: the start in whole seconds and in nanoseconds, one reading") {
+  ProcessInfo info = info_for("");
+  info.start_unix_ns = 1796300000123456789ULL;
+  info.start_unix_s = 1796300000;  // start_unix_ns / 10^9, as the shim sets it
+  const std::string record = start_record(0.0, info, Config::defaults(), {});
+  CHECK(has(record, ",\"start_unix_s\":1796300000,\"start_unix_ns\":1796300000123456789,"));
+}
+
 TEST_CASE("worker: an OOM event becomes an oom record with verdict and hint") {
   Rig rig(1, 16 * MiB, testing::with_segments());
   auto& [d, config, events, router] = rig;
