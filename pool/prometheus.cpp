@@ -74,8 +74,6 @@ constexpr Family kFamilies[] = {
     {"poolshim_cache_misses_total", "counter",
      "Allocations that needed a new segment from the pool.",
      [](const DeviceSnapshot& d) -> double { return d.stats.cache_misses; }},
-    {"poolshim_oom_total", "counter", "Out-of-memory errors returned to the application.",
-     [](const DeviceSnapshot& d) -> double { return d.stats.ooms; }},
 };
 
 void header(std::string& out, const char* name, const char* type, const char* help) {

@@ -153,11 +153,6 @@ TEST_CASE("prometheus: the families of one table, poolshim_info with the pid, no
       "poolshim_cache_misses_total" +
       d0 + "} 4\npoolshim_cache_misses_total" + d1 +
       "} 0\n"
-      "# HELP poolshim_oom_total Out-of-memory errors returned to the application.\n"
-      "# TYPE poolshim_oom_total counter\n"
-      "poolshim_oom_total" +
-      d0 + "} 5\npoolshim_oom_total" + d1 +
-      "} 0\n"
       "# HELP poolshim_ooms_total Out-of-memory errors returned to the application, by the oom "
       "record's verdict.\n"
       "# TYPE poolshim_ooms_total counter\n"
