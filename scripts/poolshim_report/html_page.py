@@ -486,7 +486,7 @@ def overview(report):
         rows.append([
             f'<a href="#{esc(run.anchor)}">{run.pid}</a>', esc(run.rank if run.rank is not None else NONE),
             esc(run.host or NONE), f'<code class="cmd">{esc(fmt.shorten_middle(run.command or "?", 70))}</code>',
-            esc(", ".join(str(d) for d in run.devices) or NONE), esc(fmt_bytes(peak)),
+            esc(", ".join(str(d) for d in run.devices) or NONE), esc(NONE if run.observe else fmt_bytes(peak)),
             esc(NONE if run.observe else fmt_count(run.total("allocs"))),
             (f'<span class="bad">{len(run.ooms)}</span> <span class="muted small">{esc(verdict_counts_text(counts))}</span>'
              if run.ooms else "0"),

@@ -677,6 +677,18 @@ class HtmlPage(unittest.TestCase):
         self.assertIn("merged-devices", [c for t in page.tables for c in t])
         self.assertIn("merged-leaks", [c for t in page.tables for c in t])
 
+    def test_the_overview_gives_an_observed_run_no_pool_figures(self):
+        # Observe mode reserves nothing: "0 B" reserved would read as a figure; "-" as under pooled.
+        _, text, _ = self.page("observe_oom.jsonl", "pool_oom.jsonl")
+        table = re.search(r'<table class="processes">(.*?)</table>', text).group(1)
+        rows = [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", table)]
+        observe_pid = str(lines_of(fixture("observe_oom.jsonl"))[0]["pid"])
+        cells = {re.sub(r"<[^>]+>", "", row[0]): (row[5], row[6]) for row in rows if row}
+        self.assertEqual(cells.pop(observe_pid), ("-", "-"))
+        ((reserved, pooled),) = cells.values()
+        self.assertNotEqual(reserved, "-")
+        self.assertNotEqual(pooled, "-")
+
     def test_text_from_the_log_is_escaped(self):
         records = lines_of(fixture("ooms.jsonl"))
         records[0]["command_line"] = ["./evil", "</script><script>alert(1)</script>", "<b>x</b>"]
