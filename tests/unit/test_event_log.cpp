@@ -17,12 +17,14 @@
 #include "clock.h"
 #include "driver_double.h"
 #include "event_log.h"
+#include "file_lines.h"
 #include "records.h"
 #include "router.h"
 
 using namespace poolshim;
 using poolshim::testing::async_alloc;
 using poolshim::testing::MiB;
+using poolshim::testing::read_lines;
 using poolshim::testing::RealStub;
 using poolshim::testing::Rig;
 using poolshim::testing::sync_alloc;
@@ -41,14 +43,6 @@ std::vector<AllocationEvent> pop_all(EventRing& ring) {
   AllocationEvent e;
   while (ring.pop(&e)) out.push_back(e);
   return out;
-}
-
-std::vector<std::string> read_lines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  std::string line;
-  while (std::getline(in, line)) lines.push_back(line);
-  return lines;
 }
 
 std::string row(const AllocationEvent& e, long offset = 0, std::uint64_t start = 0) {
@@ -273,7 +267,7 @@ TEST_CASE("router events: a failed allocation is one allocate failure row of the
   CHECK(out[0].device == 0);
 }
 
-TEST_CASE("router events: a free the pool did not hand out is no row; nothing without a log") {
+TEST_CASE("router events: no row for a foreign pointer's free or without a log") {
   Rig rig(1, 64 * MiB);
   auto& [d, config, events, router] = rig;
   EventLog log(64);
@@ -316,42 +310,60 @@ TEST_CASE("router events: observe mode records the real function's allocations a
 
 namespace {
 
-ProcessInfo events_info(const std::string& log, const std::string& events) {
-  ProcessInfo info;
-  info.pid = 4242;
-  info.host = "testhost";
-  info.rank = "0";
-  info.start_mono_ns = now_ns();
-  info.log_path = log;
-  info.events_path = events;
-  return info;
-}
+// A router and a worker with an event log of `capacity` records writing `csv` (a temporary
+// file unless given), the JSON log beside it; both files are removed at the end.
+struct EventsRig {
+  Rig rig{1, 64 * MiB};
+  std::string log_path;
+  std::string csv_path;
+  EventLog log;
+  BackgroundWorker worker;
+  RealStub never;
 
-std::string temp_path(const char* tag, const char* ext) {
-  return "/tmp/poolshim-unit-" + std::to_string(getpid()) + "-" + tag + ext;
-}
+  EventsRig(const char* tag, std::size_t capacity, std::string csv = {}, bool at_exit_only = false)
+      : log_path(temp_name(tag, ".jsonl")),
+        csv_path(csv.empty() ? temp_name(tag, ".csv") : csv),
+        log(capacity),
+        worker(rig.router, rig.events, info(log_path, csv_path), {}) {
+    std::remove(log_path.c_str());
+    if (csv.empty()) std::remove(csv_path.c_str());
+    rig.router.set_event_log(&log);
+    worker.set_event_log(&log, at_exit_only);
+  }
+  ~EventsRig() {
+    std::remove(log_path.c_str());
+    std::remove(csv_path.c_str());
+  }
+  void* alloc(std::size_t bytes) { return sync_alloc(rig.router, 0, bytes, never); }
+  void free(void* p) { rig.router.free_sync(p, 0, never); }
+  std::string exit_record() { return read_lines(log_path).back(); }
+
+  static std::string temp_name(const char* tag, const char* ext) {
+    return "/tmp/poolshim-unit-" + std::to_string(getpid()) + "-" + tag + ext;
+  }
+  static ProcessInfo info(const std::string& log, const std::string& events) {
+    ProcessInfo i;
+    i.pid = 4242;
+    i.host = "testhost";
+    i.rank = "0";
+    i.start_mono_ns = now_ns();
+    i.log_path = log;
+    i.events_path = events;
+    return i;
+  }
+};
 
 }  // namespace
 
 TEST_CASE("worker events: header, one row per call, counts in the exit record, mode 0600") {
-  Rig rig(1, 64 * MiB);
-  auto& [d, config, events, router] = rig;
-  const std::string log_path = temp_path("ev", ".jsonl");
-  const std::string csv_path = temp_path("ev", ".csv");
-  std::remove(log_path.c_str());
-  std::remove(csv_path.c_str());
-  EventLog log(64);
-  router.set_event_log(&log);
-  BackgroundWorker worker(router, events, events_info(log_path, csv_path), {});
-  worker.set_event_log(&log);
-  worker.begin();
-  RealStub never;
-  void* a = sync_alloc(router, 0, 1000, never);
-  worker.drain_event_log();
-  router.free_sync(a, 0, never);
-  worker.end(ExitExtras{});
+  EventsRig r("ev", 64);
+  r.worker.begin();
+  void* a = r.alloc(1000);
+  r.worker.drain_event_log();
+  r.free(a);
+  r.worker.end(ExitExtras{});
 
-  const auto rows = read_lines(csv_path);
+  const auto rows = read_lines(r.csv_path);
   REQUIRE(rows.size() == 3);
   CHECK(rows[0] == "Thread,Time,Action,Pointer,Size,Stream,Device,Site,T");
   char pointer[32];
@@ -359,71 +371,44 @@ TEST_CASE("worker events: header, one row per call, counts in the exit record, m
   CHECK(has(rows[1], std::string(",allocate,") + pointer + ",1000,0x0,0,0,"));
   CHECK(has(rows[2], std::string(",free,") + pointer + ",1000,0x0,0,0,"));
   struct stat st {};
-  REQUIRE(::stat(csv_path.c_str(), &st) == 0);
+  REQUIRE(::stat(r.csv_path.c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0600);
-  const auto lines = read_lines(log_path);
-  REQUIRE_FALSE(lines.empty());
-  CHECK(has(lines.back(), "\"event_log_written\":2,\"event_log_dropped\":0"));
-  CHECK(worker.event_log_written() == 2);
-  std::remove(log_path.c_str());
-  std::remove(csv_path.c_str());
+  CHECK(has(r.exit_record(), "\"event_log_written\":2,\"event_log_dropped\":0"));
+  CHECK(r.worker.event_log_written() == 2);
 }
 
 TEST_CASE("worker events: a full queue's drops are counted in the exit record") {
-  Rig rig(1, 64 * MiB);
-  auto& [d, config, events, router] = rig;
-  const std::string log_path = temp_path("evdrop", ".jsonl");
-  const std::string csv_path = temp_path("evdrop", ".csv");
-  std::remove(log_path.c_str());
-  std::remove(csv_path.c_str());
-  EventLog log(4);
-  router.set_event_log(&log);
-  BackgroundWorker worker(router, events, events_info(log_path, csv_path), {});
-  worker.set_event_log(&log, true);
-  worker.begin();
-  RealStub never;
+  EventsRig r("evdrop", 4, {}, true);
+  r.worker.begin();
   std::vector<void*> blocks;
-  for (int i = 0; i < 5; ++i) blocks.push_back(sync_alloc(router, 0, 4096, never));
-  for (void* b : blocks) router.free_sync(b, 0, never);  // 10 records, room for 4
-  worker.end(ExitExtras{});
-  CHECK(read_lines(csv_path).size() == 1 + 4);
-  CHECK(has(read_lines(log_path).back(), "\"event_log_written\":4,\"event_log_dropped\":6"));
-  std::remove(log_path.c_str());
-  std::remove(csv_path.c_str());
+  for (int i = 0; i < 5; ++i) blocks.push_back(r.alloc(4096));
+  for (void* b : blocks) r.free(b);  // 10 records, room for 4
+  r.worker.end(ExitExtras{});
+  CHECK(read_lines(r.csv_path).size() == 1 + 4);
+  CHECK(has(r.exit_record(), "\"event_log_written\":4,\"event_log_dropped\":6"));
 }
 
 TEST_CASE("worker events: a file that cannot be opened is one warning and recording stops") {
-  Rig rig(1, 64 * MiB);
-  auto& [d, config, events, router] = rig;
-  const std::string log_path = temp_path("evfail", ".jsonl");
-  std::remove(log_path.c_str());
-  EventLog log(16);
-  router.set_event_log(&log);
-  BackgroundWorker worker(router, events,
-                          events_info(log_path, "/nonexistent-poolshim-dir/events.csv"), {});
-  worker.set_event_log(&log);
-  RealStub never;
-  void* a = sync_alloc(router, 0, 4096, never);  // queued before the file is tried
-  worker.begin();
-  CHECK(router.event_log() == nullptr);
-  router.free_sync(a, 0, never);  // not recorded any more
-  worker.end(ExitExtras{});
-  const auto lines = read_lines(log_path);
+  EventsRig r("evfail", 16, "/nonexistent-poolshim-dir/events.csv");
+  void* a = r.alloc(4096);  // queued before the file is tried
+  r.worker.begin();
+  CHECK(r.rig.router.event_log() == nullptr);
+  r.free(a);  // not recorded any more
+  r.worker.end(ExitExtras{});
+  const auto lines = read_lines(r.log_path);
   REQUIRE(lines.size() >= 3);
   CHECK(has(lines[1], "\"type\":\"warning\""));
   CHECK(has(lines[1],
             "POOLSHIM_EVENTS: cannot open log /nonexistent-poolshim-dir/events.csv: No such file "
             "or directory; the event log stops"));
   CHECK(has(lines.back(), "\"event_log_written\":0,\"event_log_dropped\":1"));
-  std::remove(log_path.c_str());
 }
 
 TEST_CASE("worker events: off, the exit record's event log counts are null") {
   Rig rig(1, 64 * MiB);
-  auto& [d, config, events, router] = rig;
-  const std::string log_path = temp_path("evoff", ".jsonl");
+  const std::string log_path = EventsRig::temp_name("evoff", ".jsonl");
   std::remove(log_path.c_str());
-  BackgroundWorker worker(router, events, events_info(log_path, ""), {});
+  BackgroundWorker worker(rig.router, rig.events, EventsRig::info(log_path, ""), {});
   worker.begin();
   worker.end(ExitExtras{});
   CHECK(has(read_lines(log_path).back(), "\"event_log_written\":null,\"event_log_dropped\":null"));
@@ -431,24 +416,15 @@ TEST_CASE("worker events: off, the exit record's event log counts are null") {
 }
 
 TEST_CASE("worker events: an existing file of the user's is emptied first, as RMM's adaptor does") {
-  Rig rig(1, 64 * MiB);
-  auto& [d, config, events, router] = rig;
-  const std::string log_path = temp_path("evold", ".jsonl");
-  const std::string csv_path = temp_path("evold", ".csv");
-  std::remove(log_path.c_str());
+  const std::string csv = EventsRig::temp_name("evold", ".csv");
   {
-    std::ofstream old(csv_path);
+    std::ofstream old(csv);
     old << "stale,content\nmore\n";
   }
-  EventLog log(64);
-  router.set_event_log(&log);
-  BackgroundWorker worker(router, events, events_info(log_path, csv_path), {});
-  worker.set_event_log(&log);
-  worker.begin();
-  worker.end(ExitExtras{});
-  const auto rows = read_lines(csv_path);
+  EventsRig r("evold", 64, csv);
+  r.worker.begin();
+  r.worker.end(ExitExtras{});
+  const auto rows = read_lines(r.csv_path);
   REQUIRE(rows.size() == 1);
   CHECK(rows[0] == event_log_header());
-  std::remove(log_path.c_str());
-  std::remove(csv_path.c_str());
 }
