@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,8 @@ namespace {
 constexpr std::uint64_t kMaxTickMs = 250;
 // Below this much unused memory above the threshold, a trim goes straight to the threshold.
 constexpr std::uint64_t kTrimStepFloor = 4ULL << 20;
+// The event log is written in chunks of about this many bytes, one write(2) each.
+constexpr std::size_t kEventChunkBytes = 256 << 10;
 
 void print_stderr(const std::string& line) {
   const std::string text = "poolshim: " + line + "\n";
@@ -143,7 +146,60 @@ void BackgroundWorker::begin() {
     for (const auto& w : startup_warnings_) write(warning_record(t(now_ns()), info_.pid, w));
     next_sample_ns_ = now_ns() + router_.config().sample_ms * 1000000ULL;
   }
+  open_event_log();  // outside the gate: no driver call (its warning follows the start record)
   flush();
+}
+
+void BackgroundWorker::open_event_log() {
+  if (event_log_ == nullptr) return;
+  const std::string& path = info_.events_path;
+  std::string error = path.empty() ? "POOLSHIM_EVENTS: no path" : events_file_.open(path, true);
+  if (error.empty()) error = events_file_.write(event_log_header());
+  if (!error.empty()) stop_event_log(error);
+}
+
+void BackgroundWorker::stop_event_log(const std::string& why) {
+  if (events_stopped_) return;
+  events_stopped_ = true;
+  router_.set_event_log(nullptr);  // hooks stop recording; the queue itself stays (never freed)
+  events_file_.close();
+  const std::string text = "POOLSHIM_EVENTS: " + why + "; the event log stops";
+  say("warning: " + text);
+  write(warning_record(t(now_ns()), info_.pid, text));
+}
+
+std::uint64_t BackgroundWorker::event_log_dropped() const {
+  return event_log_ == nullptr ? 0 : event_log_->ring().dropped() + events_lost_;
+}
+
+void BackgroundWorker::drain_event_log() {
+  if (event_log_ == nullptr) return;
+  EventRing& ring = event_log_->ring();
+  const long utc_offset = local_utc_offset(static_cast<std::int64_t>(::time(nullptr)));
+  // At most one queue's worth per call: producers that never pause must not keep it here.
+  std::size_t left = ring.capacity();
+  AllocationEvent e;
+  while (left > 0) {
+    events_chunk_.clear();
+    std::uint64_t rows = 0;
+    while (left > 0 && events_chunk_.size() < kEventChunkBytes && ring.pop(&e)) {
+      --left;
+      if (rows++ > 0) events_chunk_ += '\n';
+      append_event_row(events_chunk_, e, utc_offset, info_.start_mono_ns);
+    }
+    if (rows == 0) break;
+    if (events_stopped_) {
+      events_lost_ += rows;
+      continue;
+    }
+    const std::string error = events_file_.write(events_chunk_);  // adds the last newline
+    if (error.empty()) {
+      events_written_ += rows;
+    } else {
+      events_lost_ += rows;
+      stop_event_log("cannot write " + info_.events_path + ": " + error);
+    }
+  }
 }
 
 void BackgroundWorker::write_events() {
@@ -302,6 +358,8 @@ void BackgroundWorker::work(std::uint64_t now) {
 }
 
 void BackgroundWorker::end(const ExitExtras& extras) {
+  drain_event_log();  // every hook has returned (the shim's exit handler waited): the last rows
+  events_file_.close();
   ExitSummary summary;
   {
     std::lock_guard<std::mutex> gate(tick_mutex_);
@@ -338,6 +396,9 @@ ExitSummary BackgroundWorker::final_records(const ExitExtras& extras) {
   summary.live = router_.live_allocations();
   summary.now_ns = coarse_now_ns();
   summary.events_dropped = events_.dropped();
+  summary.event_log_on = event_log_ != nullptr;
+  summary.event_log_written = events_written_;
+  summary.event_log_dropped = event_log_dropped();
   summary.extras = extras;
   summary.oom_repeats = oom_repeats_;
   write(exit_record(t(now_ns()), info_.pid, summary,
@@ -373,9 +434,19 @@ void BackgroundWorker::run() {
   }
   const std::uint64_t sample_ms = router_.config().sample_ms;
   const std::uint64_t tick_ms = sample_ms > 0 ? std::min(sample_ms, kMaxTickMs) : kMaxTickMs;
-  while (!events_.wait_for_work(std::chrono::milliseconds(tick_ms))) {
+  // With the event log on, the thread wakes every kEventDrainMs to drain its queue, and ticks
+  // on the same schedule as without it: every tick_ms, or at once when an event is queued.
+  const bool draining = event_log_ != nullptr && !events_at_exit_only_;
+  const std::uint64_t wait_ms = draining ? std::min(tick_ms, kEventDrainMs) : tick_ms;
+  std::uint64_t next_tick_ns = now_ns() + tick_ms * 1000000ULL;
+  while (!events_.wait_for_work(std::chrono::milliseconds(wait_ms))) {
     if (abandoned_.load()) return;
-    tick(now_ns());
+    if (draining) drain_event_log();
+    const std::uint64_t now = now_ns();
+    if (!draining || now >= next_tick_ns || events_.pending()) {
+      tick(now);
+      next_tick_ns = now + tick_ms * 1000000ULL;
+    }
   }
   ExitExtras extras;
   {

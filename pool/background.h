@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "event_log.h"
 #include "events.h"
 #include "log_file.h"
 #include "prometheus.h"
@@ -58,6 +59,21 @@ class BackgroundWorker {
   const ProcessInfo& info() const { return info_; }
   /// The log, for tests that hand it a descriptor of their own (LogFile::adopt).
   LogFile& log() { return log_; }
+  /// POOLSHIM_EVENTS: the queue the router pushes into (set before start()); begin() opens
+  /// info().events_path. `at_exit_only` (a test knob, README "Tests"): drained only at exit,
+  /// so that a small queue drops an exact number of records.
+  void set_event_log(EventLog* log, bool at_exit_only = false) {
+    event_log_ = log;
+    events_at_exit_only_ = at_exit_only;
+  }
+  /// Writes the queued event records to the event log's file (for tests; the thread calls it
+  /// every kEventDrainMs and at exit). No driver call: outside the fork gate.
+  void drain_event_log();
+  /// Rows written to the event log, and records lost (queue full, file off).
+  std::uint64_t event_log_written() const { return events_written_; }
+  std::uint64_t event_log_dropped() const;
+  /// How often the thread drains the event queue while POOLSHIM_EVENTS is on.
+  static constexpr std::uint64_t kEventDrainMs = 20;
 
   /// fork() must not copy the worker in the middle of a driver call (the child would inherit
   /// the driver's locks held): pthread_atfork's prepare waits (at most kForkWait) for the
@@ -77,6 +93,9 @@ class BackgroundWorker {
   ExitSummary final_records(const ExitExtras& extras);  // end's driver calls, under the gate
   void trim_if_idle(const DeviceSnapshot& snap, std::uint64_t now_ns);
   void write_oom(const OomReport& report);
+  void open_event_log();
+  /// The event log's file failed (`why`): one warning, recording stops, what is queued is lost.
+  void stop_event_log(const std::string& why);
   void write_prometheus(const std::vector<DeviceSnapshot>& snaps);
   std::string site_json(std::uint32_t site);
   std::string site_text(std::uint32_t site);
@@ -118,6 +137,14 @@ class BackgroundWorker {
   std::uint64_t oom_repeats_ = 0;
   bool prom_warned_ = false;
   FileIdentity prom_written_;  // the Prometheus file last written, removed at exit
+
+  EventLog* event_log_ = nullptr;  // POOLSHIM_EVENTS on
+  bool events_at_exit_only_ = false;
+  bool events_stopped_ = false;  // the file could not be opened or written
+  LogFile events_file_;
+  std::string events_chunk_;
+  std::uint64_t events_written_ = 0;
+  std::uint64_t events_lost_ = 0;  // taken from the queue but not written (file stopped)
 };
 
 }  // namespace poolshim

@@ -86,6 +86,12 @@ namespace poolshim {
     "Also write the per-device figures in Prometheus text format to this file at each sample "     \
     "(rewritten atomically, for node_exporter's textfile collector), removed at exit; empty: "     \
     "none.")                                                                                       \
+  X(events, Path, "",                                                                              \
+    "Also write one CSV line per allocation, free and failed allocation to this file, in the "     \
+    "columns of RMM's logging_resource_adaptor (for RMM's replay benchmark) and then device, "     \
+    "call site and t; written by the background thread from a bounded queue that drops records "   \
+    "(counted in the exit record) rather than make a call wait. The log's % escapes; empty: "      \
+    "none.")                                                                                       \
   X(verbose, Bool, "0",                                                                            \
     "Print the effective configuration, where each value came from and the bytes each size "       \
     "resolves to, to stderr at start, and the log's path at exit.")                                \

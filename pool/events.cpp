@@ -75,6 +75,11 @@ void EventQueue::request_stop() {
   work_.notify_all();
 }
 
+bool EventQueue::pending() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !queue_.empty();
+}
+
 std::uint64_t EventQueue::dropped() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return dropped_;

@@ -70,6 +70,8 @@ class EventQueue {
   /// Asks the consumer to finish (it drains what is queued first).
   void request_stop();
   std::uint64_t dropped() const;
+  /// Whether events wait to be drained.
+  bool pending() const;
 
  private:
   std::uint64_t push(Event e);

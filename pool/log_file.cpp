@@ -155,7 +155,7 @@ LogFile::~LogFile() {
   close();
 }
 
-std::string LogFile::open(const std::string& path) {
+std::string LogFile::open(const std::string& path, bool truncate) {
   close();
   const std::string why = "cannot open log " + path + ": ";
   // O_NOFOLLOW: a log path that is a symbolic link could be used to overwrite another file.
@@ -182,6 +182,9 @@ std::string LogFile::open(const std::string& path) {
     refusal = "it belongs to another user (uid " + std::to_string(st.st_uid) + ")";
   } else if (st.st_nlink != 1) {
     refusal = "it has " + std::to_string(st.st_nlink) + " hard links";
+  }
+  if (refusal.empty() && truncate && st.st_size != 0 && ::ftruncate(fd, 0) != 0) {
+    refusal = std::string("cannot empty it: ") + strerror(errno);
   }
   if (!refusal.empty()) {
     ::close(fd);

@@ -32,8 +32,10 @@ class LogFile {
   /// log); a file another user owns; a file with a second hard link. Opened non-blocking and
   /// close-on-exec, and moved to a high descriptor number, so that a program that closes
   /// descriptors and opens its own files does not get this one. Returns an empty string on
-  /// success, else a sentence saying why.
-  std::string open(const std::string& path);
+  /// success, else a sentence saying why. `truncate`: an existing file is emptied first, once
+  /// it has passed those checks (the event log's CSV must start with its header, as RMM's
+  /// logging_resource_adaptor truncates its file).
+  std::string open(const std::string& path, bool truncate = false);
   /// Writes to an open descriptor the caller hands over (tests: a pipe nobody reads,
   /// /dev/full), with the same checks before each write as a log from open().
   void adopt(int fd, const std::string& name);

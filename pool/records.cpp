@@ -407,6 +407,12 @@ std::string exit_record(double t, int pid, const ExitSummary& summary, const Sit
   leaks.add_raw("by_site", groups_json(group_by_site(summary.live, 20), site_json));
   o.add_raw("leaks", leaks.str());
   o.add("events_dropped", summary.events_dropped);
+  if (summary.event_log_on) {
+    o.add("event_log_written", summary.event_log_written);
+    o.add("event_log_dropped", summary.event_log_dropped);
+  } else {
+    o.add_null("event_log_written").add_null("event_log_dropped");
+  }
   o.add("oom_repeats", summary.oom_repeats);
   JsonObject paths;
   for (const auto& [name, count] : summary.extras.paths) paths.add(name, count);

@@ -30,6 +30,7 @@ struct ProcessInfo {
   std::uint64_t start_mono_ns = 0;  // monotonic clock at library load: "t" counts from here
   std::string log_path;             // after expansion
   std::string prom_path;            // POOLSHIM_PROM_FILE after expansion; empty: none
+  std::string events_path;          // POOLSHIM_EVENTS after expansion; empty: none
 };
 
 /// Seconds since `info.start_mono_ns`.
@@ -94,6 +95,11 @@ struct ExitSummary {
   std::vector<LiveAllocation> live;  // the leaks: pooled allocations still live at exit
   std::uint64_t now_ns = 0;          // coarse monotonic, to age the leaks
   std::uint64_t events_dropped = 0;
+  // POOLSHIM_EVENTS: rows written to the event log, and records lost (a full queue, or the file
+  // could not be opened or written); both null in the record when the event log is off.
+  bool event_log_on = false;
+  std::uint64_t event_log_written = 0;
+  std::uint64_t event_log_dropped = 0;
   std::uint64_t oom_repeats = 0;  // OOMs of an already reported situation, not written again
   ExitExtras extras;
 };

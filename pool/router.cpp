@@ -241,7 +241,7 @@ void Router::decline_allocation(DevicePool& pool, std::size_t bytes, CUstream st
   // a request it cannot serve, so the application gets the native error and nothing else.
   const bool capped = pool.cap() > 0;
   const RealResult result = pass_through(
-      pool.ordinal(), pool_oom && capped ? kRefusedRequest : bytes, stream, async, real);
+      pool.ordinal(), pool_oom && capped ? kRefusedRequest : bytes, stream, async, real, bytes);
   DeviceStats& s = stats(pool.ordinal());
   if (result == RealResult::success) {
     s.bump(&CounterShard::fallback_allocs);
@@ -303,9 +303,10 @@ bool Router::allocate_sync(int device, std::size_t bytes, CUdeviceptr* out, Allo
     refuse_legacy_handout(*pool, b, bytes, real);
     return false;
   }
-  table_.insert(b.ptr, Allocation{bytes, b.size, coarse_now_ns(), 0, device, 0, capture_site(),
-                                  b.arena, b.node});
+  const Allocation a{bytes, b.size, coarse_now_ns(), 0, device, 0, capture_site(), b.arena, b.node};
+  table_.insert(b.ptr, a);
   stats(device).on_alloc(bytes);
+  note_event(EventAction::allocate, b.ptr, bytes, 0, device, a.site);
   *out = b.ptr;
   return true;
 }
@@ -334,12 +335,16 @@ bool Router::allocate_async(int device, std::size_t bytes, CUstream stream, CUde
     refuse_legacy_handout(*pool, b, bytes, real);
     return false;
   }
-  table_.insert(b.ptr,
-                Allocation{bytes, b.size, coarse_now_ns(), reinterpret_cast<std::uintptr_t>(stream),
-                           device, Allocation::kAsync, capture_site(), b.arena, b.node});
+  const Allocation a{bytes,           b.size,
+                     coarse_now_ns(), reinterpret_cast<std::uintptr_t>(stream),
+                     device,          Allocation::kAsync,
+                     capture_site(),  b.arena,
+                     b.node};
+  table_.insert(b.ptr, a);
   DeviceStats& s = stats(device);
   s.on_alloc(bytes);
   s.bump(&CounterShard::async_allocs);
+  note_event(EventAction::allocate, b.ptr, bytes, a.stream, device, a.site);
   *out = b.ptr;
   return true;
 }
@@ -358,7 +363,7 @@ CUresult Router::synchronize_for_free(const DevicePool& pool) const {
 }
 
 RealResult Router::free_on_proxy(std::uintptr_t ptr, const Allocation& a, Fallback real,
-                                 bool retire) {
+                                 bool retire, std::uintptr_t stream) {
   DevicePool* pool = existing_pool(a.device);
   const CUdeviceptr proxy = pool != nullptr ? pool->proxy() : 0;
   // Without a proxy the real function is asked for the block's address, made safe: the driver
@@ -375,8 +380,9 @@ RealResult Router::free_on_proxy(std::uintptr_t ptr, const Allocation& a, Fallba
   if (retire) {
     stats(a.device).on_free(a.requested);
     stats(a.device).bump(&CounterShard::retired_blocks);
+    note_event(EventAction::free, ptr, a.requested, stream, a.device, a.site);
   } else {
-    give_block(*pool, a, 0, pool->fences().next());
+    give_block(*pool, ptr, a, 0, pool->fences().next(), stream);
   }
   return result;
 }
@@ -390,7 +396,7 @@ void Router::free_sync(void* ptr, int caller_device, Fallback real) {
     real(for_real_free(ptr));
     return;
   }
-  if ((a->flags & Allocation::kNative) != 0) return free_native(key, *a, real, false);
+  if ((a->flags & Allocation::kNative) != 0) return free_native(key, *a, real, false, 0);
   DevicePool* pool = existing_pool(a->device);
   if (pool != nullptr && ordered_mode_ && ordered_free_possible(*pool)) {
     // Usable once the next fence has completed, or at once in the legacy stream's order. A
@@ -400,7 +406,8 @@ void Router::free_sync(void* ptr, int caller_device, Fallback real) {
     if (state != CUDA_SUCCESS && state != CUDA_ERROR_NOT_READY) {
       pool->faulted.store(true, std::memory_order_relaxed);
     } else {
-      give_block(*pool, *a, legacy_token_for_free(*pool) ? kLegacyToken : 0, pool->fences().next());
+      give_block(*pool, key, *a, legacy_token_for_free(*pool) ? kLegacyToken : 0,
+                 pool->fences().next(), 0);
       stats(a->device).bump(&CounterShard::ordered_frees);
       return;
     }
@@ -413,7 +420,7 @@ void Router::free_sync(void* ptr, int caller_device, Fallback real) {
     free_on_proxy(key, *a, real);
     return;
   }
-  give_block(*pool, *a, 0, pool->fences().completed());
+  give_block(*pool, key, *a, 0, pool->fences().completed(), 0);
 }
 
 const char* Router::unordered_reason(const DevicePool& pool) const {
@@ -477,10 +484,12 @@ std::uintptr_t Router::stream_token(CUstream stream) const {
                                                        : 0;
 }
 
-void Router::give_block(DevicePool& pool, const Allocation& a, std::uintptr_t token,
-                        std::uint64_t ready_at) {
-  // Counted before the block is usable again, so that the live figures never run above it.
+void Router::give_block(DevicePool& pool, std::uintptr_t ptr, const Allocation& a,
+                        std::uintptr_t token, std::uint64_t ready_at, std::uintptr_t stream) {
+  // Counted (and recorded) before the block is usable again, so that the live figures never
+  // run above it and the event log has this free before the allocation that reuses the block.
   stats(a.device).on_free(a.requested);
+  note_event(EventAction::free, ptr, a.requested, stream, a.device, a.site);
   if (token == kLegacyToken) pool.legacy_frees.fetch_add(1, std::memory_order_acq_rel);
   pool.heap().free(a.arena, a.block, a.capacity, token, ready_at, pool.fences().completed());
 }
@@ -684,10 +693,11 @@ void Router::free_async(void* ptr, CUstream stream, Fallback real) {
     real(for_real_free(ptr));
     return;
   }
-  if ((a->flags & Allocation::kNative) != 0) return free_native(key, *a, real, true);
+  const auto s = reinterpret_cast<std::uintptr_t>(stream);
+  if ((a->flags & Allocation::kNative) != 0) return free_native(key, *a, real, true, s);
   DevicePool* pool = existing_pool(a->device);
   if (pool == nullptr || !healthy(*pool)) {
-    free_on_proxy(key, *a, real);  // the real function answers (the sticky error, natively)
+    free_on_proxy(key, *a, real, false, s);  // the real function answers (the sticky error)
     return;
   }
   if (stream == CU_STREAM_PER_THREAD) after_stream_created();
@@ -709,16 +719,16 @@ void Router::free_async(void* ptr, CUstream stream, Fallback real) {
                  (registry_ == nullptr || !registry_->foreign_context());
   }
   if (own_stream) {
-    give_block(*pool, *a, stream_token(stream), pool->fences().next());
+    give_block(*pool, key, *a, stream_token(stream), pool->fences().next(), s);
   } else {
     // Another context's stream: no fence of this device covers its work. Its work up to the
     // free is waited for (a rare path), after which the block is free for every stream.
     const CUresult r = driver_.cuStreamSynchronize(stream);
     if (r != CUDA_SUCCESS) {
-      free_on_proxy(key, *a, real);
+      free_on_proxy(key, *a, real, false, s);
       return;
     }
-    give_block(*pool, *a, 0, 0);
+    give_block(*pool, key, *a, 0, 0, s);
   }
   stats(a->device).bump(&CounterShard::async_frees);
 }
@@ -759,14 +769,15 @@ void Router::free_unrouted(void* ptr, int caller_device, Fallback real, bool asy
     real(for_real_free(ptr));
     return;
   }
-  if ((a->flags & Allocation::kNative) != 0) return free_native(key, *a, real, async);
+  const auto s = async ? reinterpret_cast<std::uintptr_t>(stream) : 0;
+  if ((a->flags & Allocation::kNative) != 0) return free_native(key, *a, real, async, s);
   // A cudaFreeAsync on a capturing stream becomes a free node of the graph, which frees when
   // (and each time) the graph runs: the block can never be known free again.
   CUstreamCaptureStatus capturing = CU_STREAM_CAPTURE_STATUS_NONE;
   const bool retire = async && !is_legacy_stream(stream) &&
                       driver_.cuStreamIsCapturing(stream, &capturing) == CUDA_SUCCESS &&
                       capturing != CU_STREAM_CAPTURE_STATUS_NONE;
-  free_on_proxy(key, *a, real, retire);
+  free_on_proxy(key, *a, real, retire, s);
 }
 
 void* Router::for_real_free(void* ptr) const {
@@ -1019,6 +1030,7 @@ bool Router::observe_allocation(int device, std::size_t bytes, CUstream stream, 
     report.site = capture_site();
     const RealResult r = real(kRefusedRequest, &native);
     s.bump(&CounterShard::failed_allocs);
+    note_failure(device, bytes, stream);
     if (r == RealResult::out_of_memory) publish_oom(report);
     return false;
   }
@@ -1027,6 +1039,7 @@ bool Router::observe_allocation(int device, std::size_t bytes, CUstream stream, 
     natives_.release(device, bytes);
     if (r == RealResult::success) return false;  // nothing to track (no address seen)
     s.bump(&CounterShard::failed_allocs);
+    note_failure(device, bytes, stream);
     if (r == RealResult::out_of_memory) {
       OomReport report = describe_native_oom(device, bytes, stream, async);
       report.site = capture_site();
@@ -1041,9 +1054,10 @@ bool Router::observe_allocation(int device, std::size_t bytes, CUstream stream, 
 }
 
 RealResult Router::pass_through(int device, std::size_t bytes, CUstream stream, bool async,
-                                AllocFallback real) {
+                                AllocFallback real, std::size_t asked) {
   CUdeviceptr native = 0;
   const RealResult r = real(bytes, &native);
+  if (r != RealResult::success) note_failure(device, asked != 0 ? asked : bytes, stream);
   // Pool mode sets no cap in natives_: the admission only counts.
   if (r == RealResult::success && native != 0 && valid_device(device) &&
       natives_.admit(device, bytes)) {
@@ -1056,17 +1070,24 @@ void Router::track_native(CUdeviceptr ptr, int device, std::size_t bytes, CUstre
                           bool async) {
   note_current_context(device);
   natives_.made(device);
-  table_.insert(ptr, Allocation{bytes, bytes, coarse_now_ns(),
-                                async ? reinterpret_cast<std::uintptr_t>(stream) : 0, device,
-                                Allocation::kNative | (async ? Allocation::kAsync : 0),
-                                capture_site(), 0, nullptr});
+  const Allocation a{bytes,           bytes,
+                     coarse_now_ns(), async ? reinterpret_cast<std::uintptr_t>(stream) : 0,
+                     device,          Allocation::kNative | (async ? Allocation::kAsync : 0),
+                     capture_site(),  0,
+                     nullptr};
+  table_.insert(ptr, a);
+  note_event(EventAction::allocate, ptr, bytes, a.stream, device, a.site);
 }
 
-void Router::free_native(std::uintptr_t key, const Allocation& a, Fallback real, bool async) {
+void Router::free_native(std::uintptr_t key, const Allocation& a, Fallback real, bool async,
+                         std::uintptr_t stream) {
   if (real(reinterpret_cast<void*>(key)) != RealResult::success) {
     table_.insert(key, a);  // still live (a sticky error, say): a later free must find it
     return;
   }
+  // After the real free (only a free that happened is recorded): another thread's allocation
+  // of the same address may, rarely, be recorded first (DESIGN §5.1).
+  note_event(EventAction::free, key, a.requested, stream, a.device, a.site);
   natives_.release(a.device, a.requested);
   natives_.freed(a.device);
   if (!observe_) return;

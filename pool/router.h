@@ -20,6 +20,7 @@
 #include "config.h"
 #include "cuda_api.h"
 #include "device_pool.h"
+#include "event_log.h"
 #include "events.h"
 #include "function_ref.h"
 #include "ipc_share.h"
@@ -192,6 +193,11 @@ class Router {
   /// cudaMallocAsync calls then go to that pool untouched.
   void set_app_pool(int device, bool app_owned);
   bool app_pool(int device) const;
+  /// POOLSHIM_EVENTS: every allocation, free and failed allocation from now on is recorded in
+  /// `log` (which must outlive the router); nullptr stops recording (the file could not be
+  /// opened or written). Records only cost a hook anything while a log is set.
+  void set_event_log(EventLog* log) { event_log_.store(log, std::memory_order_release); }
+  const EventLog* event_log() const { return event_log_.load(std::memory_order_acquire); }
   /// Hooks wait this long for an OOM record to reach the log (0 when no log is written).
   void set_oom_record_wait(std::chrono::milliseconds wait) {
     oom_record_wait_ms_.store(wait.count(), std::memory_order_relaxed);
@@ -254,8 +260,9 @@ class Router {
   /// out-of-memory retry of DESIGN §3. CUDA_SUCCESS, or the pool's error.
   CUresult take_block(DevicePool& pool, std::size_t bytes, std::uintptr_t token, HeapBlock* out);
   /// Takes back the block of `a` for `token`, usable by every stream after fence `ready_at`.
-  void give_block(DevicePool& pool, const Allocation& a, std::uintptr_t token,
-                  std::uint64_t ready_at);
+  /// `stream`: the free's stream, for the event log (0 for cudaFree).
+  void give_block(DevicePool& pool, std::uintptr_t ptr, const Allocation& a, std::uintptr_t token,
+                  std::uint64_t ready_at, std::uintptr_t stream);
   /// The legacy rule, cudaMalloc's side: whether a block freed in the legacy stream's order may
   /// serve it (legacy_reuse on, no non-blocking stream on the device, order provable). Marks
   /// the pool first, so that a non-blocking stream listed meanwhile waits (after_stream_listed).
@@ -287,7 +294,7 @@ class Router {
   /// back to the heap behind the next fence (`retire`: it stays out of use for good) and a new
   /// proxy is made; otherwise the pointer stays live. Returns what the real function did.
   RealResult free_on_proxy(std::uintptr_t ptr, const Allocation& a, Fallback real,
-                           bool retire = false);
+                           bool retire = false, std::uintptr_t stream = 0);
   /// The pointer the real free function may be given for `ptr`, which the pool does not hold:
   /// `ptr`, or an address inside it when it is the base of one of the heap's segments (a second
   /// free of a segment's first block).
@@ -322,6 +329,7 @@ class Router {
   bool (*captures_active_)() = nullptr;
   int device_count_ = 0;
   std::atomic<long long> oom_record_wait_ms_{0};
+  std::atomic<EventLog*> event_log_{nullptr};
   std::atomic<std::uint64_t> stream_epoch_{0};  // streams destroyed or reset (stream_device)
 
   std::array<std::atomic<DevicePool*>, kMaxDevices> pools_{};
@@ -349,14 +357,28 @@ class Router {
                           AllocFallback real);
   /// The real function asked for `bytes` on `device` in pool mode (no pool, or the pool
   /// declined): what it serves is tracked in natives_, never in the pooled figures.
+  /// `asked`: the application's request when `bytes` is kRefusedRequest (the event log's row).
   RealResult pass_through(int device, std::size_t bytes, CUstream stream, bool async,
-                          AllocFallback real);
+                          AllocFallback real, std::size_t asked = 0);
   /// The table entry of a native allocation at `ptr` that natives_ admitted.
   void track_native(CUdeviceptr ptr, int device, std::size_t bytes, CUstream stream, bool async);
+  /// One row of the event log, when it is on (a single load and branch when it is off).
+  void note_event(EventAction action, std::uintptr_t ptr, std::uint64_t bytes,
+                  std::uintptr_t stream, int device, std::uint32_t site) {
+    EventLog* log = event_log_.load(std::memory_order_acquire);
+    if (__builtin_expect(log != nullptr, 0)) log->record(action, ptr, bytes, stream, device, site);
+  }
+  /// A row for an allocation that failed (its call site, when call sites are recorded).
+  void note_failure(int device, std::size_t bytes, CUstream stream) {
+    if (event_log_.load(std::memory_order_relaxed) == nullptr) return;
+    note_event(EventAction::allocate_failure, 0, bytes, reinterpret_cast<std::uintptr_t>(stream),
+               device, capture_site());
+  }
   /// The real free of the tracked native allocation `a` at `key`; its books on success, back in
   /// the table otherwise.
   /// `async`: a cudaFreeAsync.
-  void free_native(std::uintptr_t key, const Allocation& a, Fallback real, bool async);
+  void free_native(std::uintptr_t key, const Allocation& a, Fallback real, bool async,
+                   std::uintptr_t stream);
   /// Remembers the current context as `device`'s (natives_), for the device's figures later.
   void note_current_context(int device);
   /// The cap of `device` in observe mode, resolved against the device's memory at first use.

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <new>
@@ -19,6 +20,7 @@
 #include "clock.h"
 #include "config.h"
 #include "cuda_api.h"
+#include "event_log.h"
 #include "events.h"
 #include "log_file.h"
 #include "real_driver.h"
@@ -68,6 +70,7 @@ struct State {
   EventQueue events;
   Router* router = nullptr;
   BackgroundWorker* worker = nullptr;
+  EventLog* event_log = nullptr;  // POOLSHIM_EVENTS; never freed (a hook may still push)
 
   PathCounters paths;
   StreamRegistry streams;
@@ -132,6 +135,8 @@ ProcessInfo make_process_info(const Config& config) {
   info.log_path = expand_log_path(config.log, info.pid, info.host, info.rank, info.start_unix_s);
   info.prom_path =
       expand_log_path(config.prom_file, info.pid, info.host, info.rank, info.start_unix_s);
+  info.events_path =
+      expand_log_path(config.events, info.pid, info.host, info.rank, info.start_unix_s);
   return info;
 }
 
@@ -190,6 +195,15 @@ void start() {
   }
   s.router->set_peer_access(&s.peers);
   s.worker = new BackgroundWorker(*s.router, s.events, std::move(info), s.parsed.warnings);
+  if (!config.events.empty()) {
+    // A test knob outside the POOLSHIM_ names (README "Tests"): a queue of N records, drained
+    // only at exit, so that a run drops an exact number of them.
+    const char* knob = std::getenv("_POOLSHIM_TEST_EVENTS_QUEUE");
+    const long n = knob != nullptr ? std::strtol(knob, nullptr, 10) : 0;
+    s.event_log = new EventLog(n > 0 ? static_cast<std::size_t>(n) : EventLog::kDefaultCapacity);
+    s.router->set_event_log(s.event_log);
+    s.worker->set_event_log(s.event_log, n > 0);
+  }
   s.worker->start();
   s.phase.store(kRunning, std::memory_order_release);
 }

@@ -50,6 +50,8 @@ TORCH_UNCACHED_ORDERED = "uncached + shim ordered"
 LOG_OFF = "log off"
 LOG_100MS = "log 100 ms"
 BACKTRACE_8 = "backtrace 8"
+# POOLSHIM_EVENTS (issue 17): one CSV row per allocation and free, through the lock-free queue.
+EVENT_LOG = "event log"
 # Observe mode (issue 15): every call native, each allocation tracked and logged.
 OBSERVE_MODE = "observe mode"
 OBSERVE_MODE_BT = "observe mode, backtrace 8"

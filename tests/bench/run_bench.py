@@ -252,10 +252,12 @@ def make_workloads(s, bins, only):
             dict(uncached, **shim_env("ordered")), parse, shim=True, peak_from="log", losses=True)],
         s.torch_rounds))
 
-    observe = [bt.LOG_OFF, bt.LOG_100MS, bt.BACKTRACE_8]
+    observe = [bt.LOG_OFF, bt.LOG_100MS, bt.BACKTRACE_8, bt.EVENT_LOG]
+    # The event log's file goes into the run's own folder ({folder}: see Bench.prepare).
     options = {bt.LOG_OFF: {"POOLSHIM_LOG": ""},
                bt.LOG_100MS: {"POOLSHIM_SAMPLE_MS": "100"},
-               bt.BACKTRACE_8: {"POOLSHIM_LOG": "", "POOLSHIM_BACKTRACE": "8"}}
+               bt.BACKTRACE_8: {"POOLSHIM_LOG": "", "POOLSHIM_BACKTRACE": "8"},
+               bt.EVENT_LOG: {"POOLSHIM_LOG": "", "POOLSHIM_EVENTS": "{folder}/events-%p.csv"}}
     groups = [bt.Group(bt.OBSERVE_CHURN, "observability", "us_per_pair",
                        "us per cudaMalloc+cudaFree pair under the shim (sync), 64 live; delta = us per allocation",
                        bt.LOG_OFF, bt.COST_PERCENT, observe, show_delta=True),
@@ -351,7 +353,8 @@ class Bench:
         `preload` libraries in front, then the shim (logging into the folder) when `shim`."""
         shutil.rmtree(folder, ignore_errors=True)
         os.makedirs(folder)
-        env = self.environment(extra)
+        env = self.environment({k: v.replace("{folder}", folder) if isinstance(v, str) else v
+                                for k, v in extra.items()})
         if shim:
             return with_shim(env, ":".join(list(preload) + [self.library]), os.path.join(folder, "log-%p.jsonl"))
         if preload:

@@ -274,6 +274,20 @@ class RunnerAgreesWithTargets(unittest.TestCase):
         names = [w.name for w in run_bench.make_workloads(run_bench.QUICK, "/nonexistent", run_bench.WORKLOADS)]
         self.assertEqual(names, list(run_bench.WORKLOADS))
 
+    def test_event_log_contender_writes_its_file_into_the_runs_own_folder(self):
+        import tempfile
+        w = [w for w in run_bench.make_workloads(run_bench.QUICK, "/nonexistent", ["observability"])
+             if w.name == "observability"][0]
+        runs = [r for r in w.runs if r.contender == bt.EVENT_LOG]
+        self.assertEqual([r.label for r in runs], ["churn / event log", "torch / event log"])
+        with tempfile.TemporaryDirectory() as out:
+            bench = run_bench.Bench(type("Args", (), {"build": out, "out": out}), run_bench.QUICK)
+            folder = os.path.join(out, "r1")
+            env = bench.prepare(folder, runs[0].env, True)
+        self.assertEqual(env["POOLSHIM_EVENTS"], os.path.join(folder, "events-%p.csv"))
+        self.assertEqual(env["POOLSHIM_LOG"], "")
+        self.assertEqual(env["POOLSHIM_FREE"], "sync")
+
 
 class LossesVerdict(unittest.TestCase):
     """The footprint section's loss check: a difference counts only when the native runs agree."""

@@ -9,6 +9,7 @@ checked. One case per ctest test:
 
 import argparse
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from harness import (ROOT, SANITIZER_RUNTIME, Failure, check_proc_address, compa
                      exit_device, exit_record, expect, expect_equal, expect_exit_snapshot, logs_in,
                      parse_fields, poolshim_log, records_of, run_process, clean_environment,
                      sanitizer_runtime, talk_to_process, with_shim)
+import rmm_csv  # noqa: E402
 
 MiB = 1 << 20
 CASES = {}
@@ -1446,6 +1448,148 @@ def case_prometheus_file_replaces_only_a_regular_file_of_ours(tmp):
     # Written at each sample without a warning, and removed at exit, as the file last written.
     expect("POOLSHIM_PROM_FILE" not in shim.err, f"a warning about the metrics file\n{shim.err}")
     expect(not os.path.exists(prom), "the metrics file is left after exit")
+
+
+# ---- the event log (issue 17, POOLSHIM_EVENTS) --------------------------------------------
+
+def event_files(tmp):
+    return sorted(f for f in os.listdir(tmp) if f.endswith(".csv"))
+
+
+def event_rows(tmp):
+    """The one event log in `tmp`: its pid (from the name), header and rows split into cells."""
+    files = event_files(tmp)
+    expect_equal(len(files), 1, f"event logs in {os.listdir(tmp)}")
+    path = os.path.join(tmp, files[0])
+    with open(path) as f:
+        lines = f.read().split("\n")
+    expect_equal(lines[-1], "", "the file ends with a newline")
+    return int(files[0].split("-")[1].split(".")[0]), lines[0], [line.split(",") for line in lines[1:-1]], path
+
+
+def expect_frees_follow_allocations(rows):
+    live = set()
+    for n, r in enumerate(rows, start=2):
+        if r[2] == "allocate":
+            expect(r[3] not in live, f"line {n}: {r[3]} allocated again while live")
+            live.add(r[3])
+        elif r[2] == "free":
+            expect(r[3] in live, f"line {n}: free of {r[3]}, which is not live")
+            live.discard(r[3])
+    return live
+
+
+@case
+def case_event_log_has_a_row_per_pooled_allocation_and_free(tmp):
+    args = [program("demo"), "10", "65536"]
+    native = run(args, False, tmp)
+    shim = run(args, True, tmp, {"POOLSHIM_EVENTS": os.path.join(tmp, "events-%p.csv")})
+    compare(args, native, shim)
+    expect_equal([l for l in shim.err.splitlines() if l.startswith("poolshim")], [], "poolshim's stderr")
+    ex, d = exit_device(one_log(tmp))
+    pid, header, rows, _ = event_rows(tmp)
+    expect_equal(header, "Thread,Time,Action,Pointer,Size,Stream,Device,Site,T", "header")
+    allocs = [r for r in rows if r[2] == "allocate"]
+    frees = [r for r in rows if r[2] == "free"]
+    expect_equal(len(allocs) + len(frees), len(rows), "rows other than allocate and free")
+    expect_equal(ex["pooled_allocs"], 71, "pooled allocations (7 a step and one kept)")
+    expect_equal(len(allocs), ex["pooled_allocs"], "allocate rows = the exit record's pooled allocations")
+    expect_equal(len(frees), d["frees"], "free rows = the exit record's frees")
+    expect_equal(d["frees"], 70, "frees")
+    expect_equal(d["passthrough_allocs"], 0, "pass-through allocations")
+    expect_equal((ex["event_log_written"], ex["event_log_dropped"]), (141, 0), "written, dropped")
+    expect_equal(sum(int(r[4]) for r in allocs), d["requested_bytes_total"], "bytes of the allocate rows")
+    live = expect_frees_follow_allocations(rows)
+    expect_equal(len(live), ex["leaks"]["count"], "allocations with no free row = leaks at exit")
+    for n, r in enumerate(rows, start=2):
+        expect_equal(len(r), 9, f"line {n}: cells")
+        expect_equal(r[0], str(pid), f"line {n}: the demo's one thread is its main thread, tid = pid")
+        expect(re.fullmatch(r"\d\d:\d\d:\d\d\.\d{6}", r[1]), f"line {n}: time {r[1]!r}")
+        expect(re.fullmatch(r"0x[0-9a-f]+", r[3]) and r[3] != "0x0", f"line {n}: pointer {r[3]!r}")
+        expect_equal((r[5], r[6], r[7]), ("0x0", "0", "0"), f"line {n}: stream, device, site")
+        expect(re.fullmatch(r"\d+\.\d{9}", r[8]), f"line {n}: t {r[8]!r}")
+    ts = [float(r[8]) for r in rows]
+    expect(ts == sorted(ts), "t never goes back")
+
+
+@case
+def case_event_log_parses_as_rmm_replay_reads_it(tmp):
+    # Streams (churn async on its own streams) and failures (oom_cases): every column RMM reads.
+    runs = [([program("churn"), "200", "16", str(4 * MiB), "async"], {}, 0),
+            ([program("oom_cases"), "exhausted"], {"CUDADOUBLE_MEM": "32M", "POOLSHIM_BACKTRACE": "8"}, 3)]
+    for i, (args, extra, rc) in enumerate(runs):
+        sub = os.path.join(tmp, str(i))
+        os.mkdir(sub)
+        env = dict(extra, POOLSHIM_EVENTS=os.path.join(sub, "events-%p.csv"))
+        shim = run(args, True, sub, env)
+        expect_equal(shim.rc, rc, f"exit status\n{shim.describe()}")
+        pid, header, rows, path = event_rows(sub)
+        expect(header.startswith(rmm_csv.RMM_HEADER + ","), f"RMM's columns first: {header!r}")
+        try:
+            events = rmm_csv.parse(path)
+        except rmm_csv.RmmParseError as e:
+            raise Failure(f"RMM's parser would refuse {path}: {e}")
+        expect_equal(len(events), len(rows), "events")
+        live = {}
+        for e, r in zip(events, rows):
+            expect_equal(e["pointer"], int(r[3], 16), "Pointer read as RMM reads it")
+            expect_equal(e["stream"], 0, "Stream: RMM reads 0x... as decimal, 0")
+            expect_equal(e["thread"], int(r[0]), "Thread")
+            if e["action"] == "allocate":
+                live[e["pointer"]] = e["size"]
+            elif e["action"] == "free":
+                # The replay finds a free's allocation by its pointer, of the same size.
+                expect_equal(live.pop(e["pointer"], None), e["size"], f"the allocation freed at line {e['index'] + 2}")
+        ex, d = exit_device(one_log(sub))
+        counts = {a: sum(1 for e in events if e["action"] == a) for a in rmm_csv.ACTIONS}
+        if i == 0:
+            expect_equal(counts, {"allocate": 216, "free": 216, "allocate failure": 0}, "actions")
+            expect_equal(d["async_allocs"], 216, "async allocations")
+            streams = {r[5] for r in rows}
+            expect(len(streams) >= 1 and "0x0" not in streams, f"the churn's own stream(s): {streams}")
+        else:
+            expect_equal(counts, {"allocate": 8, "free": 0, "allocate failure": 1}, "actions")
+            fail = [r for r in rows if r[2] == "allocate failure"][0]
+            expect_equal((fail[3], fail[4]), ("0x0", str(4 * MiB)), "the failure's pointer and request")
+            expect_equal(d["failed_allocs"], 1, "failed allocations")
+            sites = {r[7] for r in rows}
+            expect(len(sites) == 1 and sites != {"0"}, f"one call site, recorded: {sites}")
+
+
+@case
+def case_event_log_small_queue_drops_and_counts_exactly(tmp):
+    # The test knob: a queue of 8 drained only at exit, so 141 records - 8 written = 133 dropped.
+    args = [program("demo"), "10", "65536"]
+    native = run(args, False, tmp)
+    shim = run(args, True, tmp, {"POOLSHIM_EVENTS": os.path.join(tmp, "events-%p.csv"),
+                                 "_POOLSHIM_TEST_EVENTS_QUEUE": "8"})
+    compare(args, native, shim)
+    ex, d = exit_device(one_log(tmp))
+    _, header, rows, _ = event_rows(tmp)
+    expect_equal(len(rows), 8, "rows")
+    expect_equal((ex["event_log_written"], ex["event_log_dropped"]), (8, 133), "written, dropped")
+    expect_equal(ex["event_log_written"] + ex["event_log_dropped"], ex["pooled_allocs"] + d["frees"],
+                 "written + dropped = every allocation and free")
+    # The demo's first allocation is kept to the end, then each step allocates 7.
+    expect_equal([r[2] for r in rows], ["allocate"] * 8, "the first 8 records, in order")
+
+
+@case
+def case_event_log_that_cannot_be_opened_warns_once_and_the_program_runs(tmp):
+    args = [program("demo"), "3", "65536"]
+    native = run(args, False, tmp)
+    shim = run(args, True, tmp, {"POOLSHIM_EVENTS": os.path.join(tmp, "no-such-dir", "events.csv")})
+    compare(args, native, shim)
+    warning = (f"poolshim: warning: POOLSHIM_EVENTS: cannot open log {tmp}/no-such-dir/events.csv: "
+               "No such file or directory; the event log stops\n")
+    expect_equal("".join(l + "\n" for l in shim.err.splitlines() if l.startswith("poolshim")), warning,
+                 "poolshim's stderr")
+    records = one_log(tmp)
+    expect_equal([w["message"] for w in records_of(records, "warning")], [warning[len("poolshim: warning: "):-1]],
+                 "warning records")
+    ex = exit_record(records)
+    expect_equal(ex["event_log_written"], 0, "written")
+    expect_equal(event_files(tmp), [], "event logs")
 
 
 def main():

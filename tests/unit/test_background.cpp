@@ -20,6 +20,7 @@
 #include "background.h"
 #include "clock.h"
 #include "driver_double.h"
+#include "file_lines.h"
 #include "log_file.h"
 #include "records.h"
 #include "router.h"
@@ -27,6 +28,7 @@
 using namespace poolshim;
 using poolshim::testing::async_alloc;
 using poolshim::testing::MiB;
+using poolshim::testing::read_lines;
 using poolshim::testing::Rig;
 using poolshim::testing::sync_alloc;
 
@@ -34,14 +36,6 @@ namespace {
 
 std::string temp_path(const char* tag) {
   return "/tmp/poolshim-unit-" + std::to_string(getpid()) + "-" + tag + ".jsonl";
-}
-
-std::vector<std::string> read_lines(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> lines;
-  std::string line;
-  while (std::getline(in, line)) lines.push_back(line);
-  return lines;
 }
 
 bool has(const std::string& line, const std::string& piece) {
