@@ -214,21 +214,27 @@ def read_log(path):
     return [record for _, record in read_numbered(path)]
 
 
-def expand_pattern(template, host=None):
-    """A glob pattern for the files a log template (%p %h %r %t %%) can produce."""
-    host = host or socket.gethostname()
+def fill_template(template, fields, literal=lambda c: c):
+    """A log template (%p %h %r %t %%) with each escape %X replaced by fields[X] (one it does
+    not name stays as written) and every other character passed through `literal`."""
     out = []
     i = 0
     while i < len(template):
         c = template[i]
         if c == "%" and i + 1 < len(template):
             e = template[i + 1]
-            out.append({"p": "*", "h": glob.escape(host), "r": "*", "t": "*", "%": "%"}.get(e, "%" + e))
+            out.append(fields.get(e, "%" + e))
             i += 2
             continue
-        out.append(glob.escape(c))
+        out.append(literal(c))
         i += 1
     return "".join(out)
+
+
+def expand_pattern(template, host=None):
+    """A glob pattern for the files a log template (%p %h %r %t %%) can produce."""
+    host = host or socket.gethostname()
+    return fill_template(template, {"p": "*", "h": glob.escape(host), "r": "*", "t": "*", "%": "%"}, glob.escape)
 
 
 def logs_since(template, since_epoch):
