@@ -25,6 +25,12 @@ constexpr std::uint64_t kTrimStepFloor = 4ULL << 20;
 // The event log is written in chunks of about this many bytes, one write(2) each.
 constexpr std::size_t kEventChunkBytes = 256 << 10;
 
+// A peak "grew" when it passed the last figure seen by more than 1/256 of it: a run writes a
+// few thousand peak samples at most, however its peaks creep.
+bool grew(std::uint64_t before, std::uint64_t now) {
+  return now > before + before / 256;
+}
+
 void print_stderr(const std::string& line) {
   const std::string text = "poolshim: " + line + "\n";
   const ssize_t ignored = ::write(STDERR_FILENO, text.data(), text.size());
@@ -185,6 +191,7 @@ void BackgroundWorker::drain_event_log() {
     while (left > 0 && events_chunk_.size() < kEventChunkBytes && ring.pop(&e)) {
       --left;
       if (rows++ > 0) events_chunk_ += '\n';
+      if (e.site != 0) event_sites_.insert(e.site);
       append_event_row(events_chunk_, e, utc_offset, info_.start_mono_ns);
     }
     if (rows == 0) break;
@@ -299,6 +306,7 @@ void BackgroundWorker::write_oom(const OomReport& r) {
   if (!block.empty() && block.back() == '\n') block.pop_back();
   say(std::move(block));
   write(oom_record(seconds_since_start(info_, r.t_ns), info_.pid, r, details, json));
+  write(sample_record(t(now_ns()), info_.pid, snap, SampleWhy::oom));  // the device then
 }
 
 void BackgroundWorker::write_prometheus(const std::vector<DeviceSnapshot>& snaps) {
@@ -346,7 +354,7 @@ void BackgroundWorker::work(std::uint64_t now) {
   std::vector<DeviceSnapshot> snaps;
   for (int device : router_.active_devices()) {
     snaps.push_back(router_.snapshot(device));
-    if (sample_due) write(sample_record(t(now), info_.pid, snaps.back()));
+    look(snaps.back(), now, sample_due);
     trim_if_idle(snaps.back(), now);
     router_.tend_heap(device, now);
   }
@@ -355,6 +363,50 @@ void BackgroundWorker::work(std::uint64_t now) {
     next_sample_ns_ += config.sample_ms * 1000000ULL;
     if (next_sample_ns_ <= now) next_sample_ns_ = now + config.sample_ms * 1000000ULL;
   }
+}
+
+void BackgroundWorker::peek(std::uint64_t now) {
+  {
+    std::lock_guard<std::mutex> gate(tick_mutex_);
+    for (int device : router_.active_devices()) look(router_.snapshot(device), now, false);
+  }
+  flush();
+}
+
+void BackgroundWorker::look(const DeviceSnapshot& snap, std::uint64_t now, bool sample_due) {
+  PeakMarks& last = sampled_peaks_[snap.device];
+  const PeakMarks peaks{snap.pool.reserved_high, snap.stats.requested_bytes.peak,
+                        snap.native_bytes_peak, snap.vmm.physical_bytes.peak};
+  const bool peak = grew(last.reserved, peaks.reserved) || grew(last.requested, peaks.requested) ||
+                    grew(last.native, peaks.native) || grew(last.vmm, peaks.vmm);
+  if (sample_due || peak) {
+    write(
+        sample_record(t(now), info_.pid, snap, sample_due ? SampleWhy::interval : SampleWhy::peak));
+    last = peaks;
+  }
+  note_consumers(snap, now);
+}
+
+void BackgroundWorker::note_consumers(const DeviceSnapshot& snap, std::uint64_t now) {
+  PeakConsumers& p = peak_consumers_[snap.device];
+  const std::uint64_t live = snap.stats.requested_bytes.current;
+  if (live == 0 || (p.seen && !grew(p.live_bytes, live))) return;
+  // A walk of the allocation table, only when live bytes grew: a few thousand in a whole run.
+  std::vector<LiveAllocation> mine;
+  std::uint64_t bytes = 0;
+  for (const auto& l : router_.live_allocations()) {
+    if (l.info.device != snap.device) continue;
+    bytes += l.info.requested;
+    mine.push_back(l);
+  }
+  if (bytes == 0) return;
+  p.seen = true;
+  p.t = t(now);
+  p.coarse_ns = coarse_now_ns();
+  p.live_bytes = bytes;
+  p.live_allocs = mine.size();
+  p.by_site = group_by_site(mine, 10);
+  p.largest = largest(std::move(mine), 5);
 }
 
 void BackgroundWorker::end(const ExitExtras& extras) {
@@ -390,8 +442,11 @@ ExitSummary BackgroundWorker::final_records(const ExitExtras& extras) {
   for (int device : router_.active_devices()) {
     summary.devices.push_back(router_.snapshot(device));
     summary.vmm_sites.push_back(router_.vmm().top_sites(device, 10));
-    write(sample_record(t(now), info_.pid, summary.devices.back()));
+    write(sample_record(t(now), info_.pid, summary.devices.back(), SampleWhy::exit));
+    note_consumers(summary.devices.back(), now);
+    summary.peaks.push_back(peak_consumers_[device]);
   }
+  summary.event_sites.assign(event_sites_.begin(), event_sites_.end());
   write_prometheus(summary.devices);
   summary.live = router_.live_allocations();
   summary.now_ns = coarse_now_ns();
@@ -436,16 +491,24 @@ void BackgroundWorker::run() {
   const std::uint64_t tick_ms = sample_ms > 0 ? std::min(sample_ms, kMaxTickMs) : kMaxTickMs;
   // With the event log on, the thread wakes every kEventDrainMs to drain its queue, and ticks
   // on the same schedule as without it: every tick_ms, or at once when an event is queued.
+  // Between ticks the thread wakes every kPeakPollMs to look for new peaks (peek), and with
+  // the event log on every kEventDrainMs to drain its queue; an event queued wakes it at once.
   const bool draining = event_log_ != nullptr && !events_at_exit_only_;
-  const std::uint64_t wait_ms = draining ? std::min(tick_ms, kEventDrainMs) : tick_ms;
+  const std::uint64_t wait_ms =
+      std::min({tick_ms, kPeakPollMs, draining ? kEventDrainMs : kPeakPollMs});
   std::uint64_t next_tick_ns = now_ns() + tick_ms * 1000000ULL;
+  std::uint64_t next_peek_ns = now_ns() + kPeakPollMs * 1000000ULL;
   while (!events_.wait_for_work(std::chrono::milliseconds(wait_ms))) {
     if (abandoned_.load()) return;
     if (draining) drain_event_log();
     const std::uint64_t now = now_ns();
-    if (!draining || now >= next_tick_ns || events_.pending()) {
+    if (now >= next_tick_ns || events_.pending()) {
       tick(now);
       next_tick_ns = now + tick_ms * 1000000ULL;
+      next_peek_ns = now + kPeakPollMs * 1000000ULL;
+    } else if (now >= next_peek_ns) {
+      peek(now);
+      next_peek_ns = now + kPeakPollMs * 1000000ULL;
     }
   }
   ExitExtras extras;

@@ -52,6 +52,11 @@ class BackgroundWorker {
 
   /// Runs one round of work at monotonic time `now_ns` (for tests; the thread calls it too).
   void tick(std::uint64_t now_ns);
+  /// Between ticks, every kPeakPollMs: a `sample` record (why "peak") for each device whose
+  /// reserved, requested, native or VMM peak grew by more than 1/256 since its last sample,
+  /// and the peak consumers noted (for tests; the thread calls it too). Ticks do the same.
+  void peek(std::uint64_t now_ns);
+  static constexpr std::uint64_t kPeakPollMs = 50;
   /// Opens the log and writes the start record (for tests; the thread calls it first).
   void begin();
   /// Final records (for tests; finish() calls it on the thread).
@@ -92,6 +97,9 @@ class BackgroundWorker {
   void work(std::uint64_t now_ns);                      // tick's driver calls, under the gate
   ExitSummary final_records(const ExitExtras& extras);  // end's driver calls, under the gate
   void trim_if_idle(const DeviceSnapshot& snap, std::uint64_t now_ns);
+  // A sample when one is due or a peak grew; notes the peak consumers (peek, work).
+  void look(const DeviceSnapshot& snap, std::uint64_t now_ns, bool sample_due);
+  void note_consumers(const DeviceSnapshot& snap, std::uint64_t now_ns);
   void write_oom(const OomReport& report);
   void open_event_log();
   /// The event log's file failed (`why`): one warning, recording stops, what is queued is lost.
@@ -130,6 +138,16 @@ class BackgroundWorker {
     bool exhausted = false;        // a trim released nothing: wait for new activity
   };
   std::map<int, Activity> activity_;
+  // Each device's peaks as its last sample record gave them (look() compares against them).
+  struct PeakMarks {
+    std::uint64_t reserved = 0;
+    std::uint64_t requested = 0;
+    std::uint64_t native = 0;
+    std::uint64_t vmm = 0;
+  };
+  std::map<int, PeakMarks> sampled_peaks_;
+  std::map<int, PeakConsumers> peak_consumers_;
+  std::set<std::uint32_t> event_sites_;  // call sites named in the event log's rows
   std::vector<DeviceDescription> devices_;
   Symbolizer symbolizer_;
   std::map<std::uint32_t, std::string> site_json_;  // rendered call sites, by id

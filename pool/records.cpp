@@ -140,9 +140,11 @@ std::string start_record(double t, const ProcessInfo& info, const Config& config
   return o.str();
 }
 
-std::string sample_record(double t, int pid, const DeviceSnapshot& snap) {
+std::string sample_record(double t, int pid, const DeviceSnapshot& snap, SampleWhy why) {
+  static constexpr const char* kWhy[] = {"interval", "peak", "oom", "exit"};
   JsonObject o = header("sample", t, pid);
   add_device_fields(o, snap);
+  o.add("why", kWhy[static_cast<int>(why)]);
   return o.str();
 }
 
@@ -378,6 +380,22 @@ std::string oom_text(const OomReport& r, const OomDetails& details, const SiteTe
   return out;
 }
 
+namespace {
+
+// The exit record's `peak_consumers` of one device (ages as they were at the look).
+std::string peak_consumers_json(const PeakConsumers& p, const SiteJson& site_json) {
+  if (!p.seen) return "null";
+  JsonObject o;
+  o.add("t", p.t).add("live_bytes", p.live_bytes).add("live_allocs", p.live_allocs);
+  std::vector<std::string> rows;
+  for (const auto& l : p.largest) rows.push_back(allocation_json(l, p.coarse_ns, site_json));
+  o.add_raw("largest", json_array(rows));
+  o.add_raw("by_site", groups_json(p.by_site, site_json));
+  return o.str();
+}
+
+}  // namespace
+
 std::string exit_record(double t, int pid, const ExitSummary& summary, const SiteJson& site_json) {
   JsonObject o = header("exit", t, pid);
   std::uint64_t pooled = 0;
@@ -389,6 +407,9 @@ std::string exit_record(double t, int pid, const ExitSummary& summary, const Sit
     add_device_fields(dj, d);
     if (i < summary.vmm_sites.size()) {
       dj.add_raw("vmm_by_site", vmm_sites_json(summary.vmm_sites[i], site_json));
+    }
+    if (i < summary.peaks.size()) {
+      dj.add_raw("peak_consumers", peak_consumers_json(summary.peaks[i], site_json));
     }
     devs.push_back(dj.str());
   }
@@ -410,8 +431,11 @@ std::string exit_record(double t, int pid, const ExitSummary& summary, const Sit
   if (summary.event_log_on) {
     o.add("event_log_written", summary.event_log_written);
     o.add("event_log_dropped", summary.event_log_dropped);
+    JsonObject sites;
+    for (std::uint32_t s : summary.event_sites) sites.add_raw(std::to_string(s), site_json(s));
+    o.add_raw("event_log_sites", sites.str());
   } else {
-    o.add_null("event_log_written").add_null("event_log_dropped");
+    o.add_null("event_log_written").add_null("event_log_dropped").add_null("event_log_sites");
   }
   o.add("oom_repeats", summary.oom_repeats);
   JsonObject paths;

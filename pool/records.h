@@ -75,7 +75,10 @@ struct OomDetails {
 std::string start_record(double t, const ProcessInfo& info, const Config& config,
                          const std::vector<DeviceDescription>& devices,
                          const std::string& free_mode = "");
-std::string sample_record(double t, int pid, const DeviceSnapshot& snap);
+/// Why a `sample` record was written (its `why` field).
+enum class SampleWhy { interval, peak, oom, exit };
+std::string sample_record(double t, int pid, const DeviceSnapshot& snap,
+                          SampleWhy why = SampleWhy::interval);
 std::string warning_record(double t, int pid, std::string_view text);
 std::string oom_record(double t, int pid, const OomReport& report, const OomDetails& details,
                        const SiteJson& site_json);
@@ -89,8 +92,22 @@ struct ExitExtras {
   bool legacy_only = false;  // the legacy default stream stayed the only stream in use
 };
 
+/// The peak consumers of a device (the exit record's `peak_consumers`): its tracked live
+/// allocations at the moment the background thread saw the most live bytes (it looks every
+/// kPeakPollMs), grouped by call site.
+struct PeakConsumers {
+  bool seen = false;             // a look found live bytes on the device
+  double t = 0;                  // when (the log's t)
+  std::uint64_t coarse_ns = 0;   // when (coarse monotonic, to age the allocations as they were)
+  std::uint64_t live_bytes = 0;  // requested bytes of the allocations found then
+  std::uint64_t live_allocs = 0;
+  std::vector<SiteGroup> by_site;       // at most 10
+  std::vector<LiveAllocation> largest;  // at most 5
+};
+
 struct ExitSummary {
   std::vector<DeviceSnapshot> devices;
+  std::vector<PeakConsumers> peaks;                  // per entry of `devices`
   std::vector<std::vector<VmmSiteBytes>> vmm_sites;  // per entry of `devices`: live VMM by site
   std::vector<LiveAllocation> live;  // the leaks: pooled allocations still live at exit
   std::uint64_t now_ns = 0;          // coarse monotonic, to age the leaks
@@ -100,6 +117,7 @@ struct ExitSummary {
   bool event_log_on = false;
   std::uint64_t event_log_written = 0;
   std::uint64_t event_log_dropped = 0;
+  std::vector<std::uint32_t> event_sites;  // call-site ids in the event log's rows (non-zero)
   std::uint64_t oom_repeats = 0;  // OOMs of an already reported situation, not written again
   ExitExtras extras;
 };

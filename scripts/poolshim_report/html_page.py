@@ -12,7 +12,7 @@ Stable hooks for tests and tools:
   <svg class="histogram" data-device="D" data-t="T">                 live allocations by size
     <g class="bucket" data-from="BYTES" data-count="N">               one per size with allocations
   <p class="hint gap" data-cause="cache|fences|pool|rounding">       reserved far above requested
-  <table class="figures (bytes|owners|shares|cache|counts)|ooms|leaks|vmm-sites|warnings|processes|merged-devices|merged-leaks|merged-vmm">
+  <table class="figures (bytes|owners|shares|cache|counts)|ooms|peak-sites|peak-largest|leaks|vmm-sites|warnings|processes|merged-devices|merged-leaks|merged-vmm">
 The script sets data-interactive="1" on every timeline it has wired up.
 """
 
@@ -442,6 +442,28 @@ def run_section(run, data):
                          + holders])
         out.append(_table("ooms", ["t", "device", "request", "API", "verdict", "hint", "call site"], rows,
                           numeric=(0, 1, 2)))
+
+    for d in run.devices.values():
+        pc = d.peak_consumers
+        if not pc:
+            continue
+        peak = (d.exit_row or {}).get("requested_bytes_peak")
+        out.append(f'<h3>Peak consumers on device {esc(d.device)} <span class="count">'
+                   f'{esc(fmt_bytes_or_none(pc.get("live_bytes")))} · {esc(fmt_count(pc.get("live_allocs")))} '
+                   f'allocations at {esc(fmt_seconds(pc.get("t")))}</span></h3>')
+        out.append(f'<p class="muted small">The live allocations when the shim saw the most live bytes '
+                   f'(it looks every 50 ms); the requested peak was {esc(fmt_bytes_or_none(peak))}.</p>')
+        sites = pc.get("by_site") or []
+        if any(s.get("site") for s in sites):
+            out.append(_sites_table("peak-sites", ["bytes", "allocations"], sites,
+                                    lambda s: [esc(fmt_bytes_or_none(s.get("bytes"))), esc(fmt_count(s.get("count")))],
+                                    numeric=(0, 1)))
+        elif pc.get("largest"):
+            rows = [[esc(fmt_bytes_or_none(b.get("bytes"))), esc(fmt_seconds(b.get("age_s"))),
+                     "yes" if b.get("async") else "no"] for b in pc["largest"]]
+            out.append('<p class="muted small">Call sites were not recorded (set POOLSHIM_BACKTRACE): '
+                       'the largest allocations then.</p>')
+            out.append(_table("peak-largest", ["bytes", "age", "async"], rows, numeric=(0, 1)))
 
     leaks = run.leaks
     if leaks is not None:

@@ -73,8 +73,12 @@ DEVICE_NUMBERS = (
     "vmm_physical_bytes_total", "vmm_mapped_bytes", "vmm_mapped_bytes_peak", "vmm_mapped_bytes_total",
     "vmm_released_mapped_bytes", "vmm_released_mapped_bytes_peak", "vmm_released_mapped_bytes_total",
     "vmm_creates", "vmm_releases", "vmm_maps", "vmm_unmaps", "vmm_reset_dropped", "other_bytes")
+ALLOCATION_ROW = {"device": "int", "bytes": "num", "age_s": "num", "async": "bool", "stream": "num",
+                  "site": "site"}
 DEVICE_ROW = dict({f: "num" for f in DEVICE_NUMBERS}, device="int", size_histogram="hist",
-                  vmm_by_site=("list", SITE_ROW))
+                  vmm_by_site=("list", SITE_ROW), why="str",
+                  peak_consumers=("obj", {"t": "num", "live_bytes": "num", "live_allocs": "num",
+                                          "largest": ("list", ALLOCATION_ROW), "by_site": ("list", SITE_ROW)}))
 DEVICE_ROW["!required"] = ("device",)
 
 SPECS = {
@@ -102,7 +106,8 @@ SPECS = {
         "leaks": ("obj", {"count": "num", "bytes": "num", "by_site": ("list", SITE_ROW),
                           "largest": ("list", {"device": "int", "bytes": "num", "age_s": "num",
                                                "async": "bool", "stream": "num", "site": "site"})}),
-        "paths": "obj", "notes": ("strs",), "oom_repeats": "num",
+        "paths": "obj", "notes": ("strs",), "oom_repeats": "num", "event_log_written": "num",
+        "event_log_dropped": "num", "event_log_sites": "obj",
     },
 }
 
@@ -355,6 +360,12 @@ class Device:
     def vmm_sites(self):
         """The exit row's `vmm_by_site`: call sites of the application's live VMM memory at exit."""
         return (self.exit_row or {}).get("vmm_by_site") or []
+
+    @property
+    def peak_consumers(self):
+        """The exit row's `peak_consumers` (the live allocations when the shim saw the most live
+        bytes, by call site), or None."""
+        return (self.exit_row or {}).get("peak_consumers")
 
 
 class Run:

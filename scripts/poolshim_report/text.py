@@ -9,7 +9,7 @@ import textwrap
 
 from poolshim_log import for_terminal
 
-from .fmt import (NONE, OBSERVE_LINE, fmt_bytes, fmt_bytes_or_none, fmt_count, fmt_duration, fmt_pct,
+from .fmt import (NONE, OBSERVE_LINE, fmt_bytes, fmt_bytes_or_none, fmt_count, fmt_duration, fmt_pct, fmt_seconds,
                   fmt_unix, frame_text, shorten_middle, site_key, site_text, site_texts)
 from .model import oom_owners_text, oom_pool_text, verdict_counts_text
 
@@ -282,6 +282,31 @@ def _leak_lines(run, full):
     return lines
 
 
+def _peak_lines(run, full):
+    """Per device, the live allocations when the shim saw the most live bytes, by call site."""
+    lines = []
+    for d in run.devices.values():
+        pc = d.peak_consumers
+        if not pc:
+            continue
+        peak = (d.exit_row or {}).get("requested_bytes_peak")
+        lines.append(f"  peak consumers on device {d.device}: {fmt_bytes_or_none(pc.get('live_bytes'))} in "
+                     f"{fmt_count(pc.get('live_allocs'))} allocation{'s' if pc.get('live_allocs') != 1 else ''} "
+                     f"at {fmt_seconds(pc.get('t'))} (requested peak {fmt_bytes_or_none(peak)})")
+        sites = pc.get("by_site") or []
+        if any(s.get("site") for s in sites):
+            lines.extend(_site_table(sites, ["bytes", "count"],
+                                     lambda s: [fmt_bytes_or_none(s.get("bytes")), fmt_count(s.get("count"))],
+                                     full, SHORT_LIMITS["leak_sites"], WIDTH - 20))
+            if full:
+                lines.extend(_site_stacks(sites))
+        elif pc.get("largest"):
+            big = pc["largest"][0]
+            lines.append(f"    largest {fmt_bytes_or_none(big.get('bytes'))} (call sites not recorded: "
+                         "set POOLSHIM_BACKTRACE)")
+    return lines
+
+
 def _vmm_lines(run, full):
     """The application's own VMM memory live at exit (schema 2), per device, by call site."""
     lines = []
@@ -350,7 +375,7 @@ def run_section(run, full=False, several_logs=False):
     ex = run.exit or {}
     if ex.get("events_dropped"):
         lines.append(f"  events dropped: {fmt_count(ex['events_dropped'])} (the log is incomplete)")
-    body = _oom_lines(run, full) + _leak_lines(run, full) + _vmm_lines(run, full)
+    body = _oom_lines(run, full) + _peak_lines(run, full) + _leak_lines(run, full) + _vmm_lines(run, full)
     if run.warnings:
         body.append(f"  warnings: {len(run.warnings)}")
         shown = run.warnings if full else run.warnings[:SHORT_LIMITS["warnings"]]

@@ -1557,6 +1557,42 @@ def case_event_log_parses_as_rmm_replay_reads_it(tmp):
 
 
 @case
+def case_peak_samples_and_peak_consumers_name_the_functions_that_held_the_peak(tmp):
+    # peak_sites holds 32 MiB from two functions for 300 ms, frees it, then holds 4 MiB from a
+    # third. The shim looks every 50 ms: the peak's sample and consumers, the sites' key in
+    # the exit record for the event log's Site column.
+    args = [program("peak_sites")]
+    native = run(args, False, tmp)
+    env = {"POOLSHIM_BACKTRACE": "8", "POOLSHIM_EVENTS": os.path.join(tmp, "events-%p.csv")}
+    shim = run(args, True, tmp, env)
+    compare(args, native, shim)
+    records = one_log(tmp)
+    samples = [r for r in records if r["type"] == "sample"]
+    peaks = [r for r in samples if r["why"] == "peak"]
+    expect(peaks, f"no peak sample in {[r['why'] for r in samples]}")
+    expect_equal(max(r["requested_bytes"] for r in peaks), 32 * MiB, "the peak sample's requested bytes")
+    expect_equal(samples[-1]["why"], "exit", "the last sample")
+    expect(all(r["why"] in ("peak", "interval", "exit") for r in samples), [r["why"] for r in samples])
+    ex, d = exit_device(records)
+    expect_equal(d["requested_bytes_peak"], 32 * MiB, "requested peak")
+    pc = d["peak_consumers"]
+    expect_equal((pc["live_bytes"], pc["live_allocs"]), (32 * MiB, 4), "live at the peak's look")
+    expect_equal([(g["count"], g["bytes"]) for g in pc["by_site"]], [(3, 24 * MiB), (1, 8 * MiB)], "groups")
+    expect(top_function(pc["by_site"][0]["site"]).startswith("(anonymous namespace)::load_weights"),
+           pc["by_site"][0])
+    expect(top_function(pc["by_site"][1]["site"]).startswith("(anonymous namespace)::make_activations"),
+           pc["by_site"][1])
+    expect_equal([l["bytes"] for l in pc["largest"]], [8 * MiB] * 4, "largest")
+    first_peak = min(r["t"] for r in peaks if r["requested_bytes"] == 32 * MiB)
+    expect(first_peak <= pc["t"] < first_peak + 0.4, f"consumers at {pc['t']}, peak sample at {first_peak}")
+    _, _, rows, _ = event_rows(tmp)
+    ids = sorted({r[7] for r in rows}, key=int)
+    expect_equal(sorted(ex["event_log_sites"], key=int), ids, "a key for every Site of the event log")
+    names = sorted(top_function(ex["event_log_sites"][i]).split("::")[-1] for i in ids)
+    expect_equal(names, ["load_weights()", "make_activations()", "scratch()"], "the sites' functions")
+
+
+@case
 def case_event_log_small_queue_drops_and_counts_exactly(tmp):
     # The test knob: a queue of 8 drained only at exit, so 141 records - 8 written = 133 dropped.
     args = [program("demo"), "10", "65536"]

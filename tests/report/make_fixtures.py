@@ -15,8 +15,9 @@ with them (oom_exit with POOLSHIM_LIMIT=512M POOLSHIM_BACKTRACE=8); they are not
 Nor are the real logs of schema 2, each with POOLSHIM_BACKTRACE=8 over the CPU test double
 (LD_LIBRARY_PATH=build/double CUDADOUBLE_DEVICES=1 CUDADOUBLE_MEM=32M): vmm_keep.jsonl
 (`vmm_alloc keep`: the application's own cuMemCreate memory, 8 MiB of it kept at exit),
-observe_oom.jsonl (`oom_cases exhausted` with POOLSHIM_MODE=observe) and pool_oom.jsonl
-(`oom_cases exhausted` in pool mode).
+observe_oom.jsonl (`oom_cases exhausted` with POOLSHIM_MODE=observe), pool_oom.jsonl
+(`oom_cases exhausted` in pool mode) and, with CUDADOUBLE_MEM=64M, peak_sites.jsonl
+(tests/programs/peak_sites: a peak sample and the exit record's peak consumers).
 """
 
 import json

@@ -292,6 +292,16 @@ class Summary(unittest.TestCase):
         self.assertIn("      at    main+0x6a (oom_exit) <- libc.so.6+0x27249", lines)
         self.assertEqual(cells(lines, "1.0 MiB"), ["1", "main+0x52 (oom_exit) <- libc.so.6+0x27249"])
 
+    def test_the_peak_consumers_name_the_functions_that_held_the_peak(self):
+        """peak_sites.jsonl: tests/programs/peak_sites (POOLSHIM_BACKTRACE=8, over the CPU test double):
+        32 MiB held for 300 ms by load_weights (3 x 8 MiB) and make_activations (8 MiB)."""
+        lines = sections(self.summary("peak_sites.jsonl"))[0][1]
+        self.assertIn("  peak consumers on device 0: 32.0 MiB in 4 allocations at 0.080 s (requested peak 32.0 MiB)",
+                      lines)
+        self.assertEqual(cells(lines, "24.0 MiB"), ["3", "load_weights+0x2e (peak_sites) <- main+0xa (peak_sites)"])
+        self.assertEqual(cells(lines, "8.0 MiB"), ["1", "make_activations+0x1f (peak_sites) <- main+0x13 (peak_sites)"])
+        self.assertIn("    stack of the 24.0 MiB site:", sections(self.summary("peak_sites.jsonl", full=True))[0][1])
+
     def test_a_vmm_log_shows_memory_by_owner_and_the_vmm_call_sites(self):
         """vmm_keep.jsonl: three 8 MiB handles of cuMemCreate, one kept at exit (schema 2)."""
         lines = sections(self.summary("vmm_keep.jsonl"))[0][1]
@@ -710,6 +720,20 @@ class HtmlPage(unittest.TestCase):
     def timeline_data(self, text):
         found = re.search(r'<script type="application/json" id="timeline-data">(.*?)</script>', text)
         return json.loads(found.group(1))
+
+    def test_a_short_run_draws_its_peak_sample_and_lists_the_peak_consumers(self):
+        """peak_sites.jsonl ran 0.4 s: its curve is the peak sample at 0.080 s and the exit sample."""
+        _, text, page = self.page("peak_sites.jsonl")
+        self.check_self_contained(text, page)
+        (svg,) = page.timelines
+        self.check_timeline(svg)
+        (data,) = self.timeline_data(text).values()
+        self.assertEqual(data["requested"][:2], [32 * MiB, 0])
+        self.assertIn(["peak-sites"], page.tables)
+        for needle in ("Peak consumers on device 0 <span class=\"count\">32.0 MiB · 4 allocations at 0.080 s</span>",
+                       "load_weights+0x2e (peak_sites) &lt;- main+0xa (peak_sites)",
+                       "the requested peak was 32.0 MiB."):
+            self.assertIn(needle, text)
 
     def test_a_vmm_log_draws_its_vmm_series_and_lists_the_vmm_call_sites(self):
         _, text, page = self.page("vmm_keep.jsonl")

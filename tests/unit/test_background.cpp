@@ -129,6 +129,72 @@ TEST_CASE("worker: start, sample and exit records with the pool's figures") {
   std::remove(path.c_str());
 }
 
+TEST_CASE("worker: a sample at each peak grown by more than 1/256, and the peak consumers") {
+  Rig rig(1, 64 * MiB, testing::with_segments());
+  auto& [d, config, events, router] = rig;
+  const std::string path = temp_path("peaks");
+  std::remove(path.c_str());
+  BackgroundWorker worker(router, events, info_for(path), {});
+  worker.begin();
+  const std::uint64_t t0 = now_ns();  // every look below is before the 1 s sample interval
+  void* a = sync_alloc(router, 0, 8 * MiB, never_called);
+  worker.peek(t0);            // new peaks: a sample, and the consumers (8 MiB)
+  worker.peek(t0 + 1000000);  // nothing grew: nothing
+  void* b = sync_alloc(router, 0, 16 << 10, never_called);
+  worker.peek(t0 + 2000000);  // reserved grew (the small arena's first 2 MiB segment): a sample
+  void* b2 = sync_alloc(router, 0, 16 << 10, never_called);
+  worker.peek(t0 + 3000000);  // requested grew by 16 KiB, less than 1/256 of 8 MiB: nothing
+  void* c = sync_alloc(router, 0, 1 * MiB, never_called);
+  worker.tick(t0 + 4000000);  // a tick looks too: a sample, and the consumers (4 allocations)
+  for (void* p : {a, b, b2, c}) router.free_sync(p, 0, never_called);
+  void* e = sync_alloc(router, 0, 2 * MiB, never_called);  // less than the peak: no look
+  worker.peek(t0 + 5000000);
+  worker.end(ExitExtras{});
+  router.free_sync(e, 0, never_called);
+
+  const auto lines = read_lines(path);
+  REQUIRE(lines.size() == 6);  // start, three peak samples, the exit sample, exit
+  CHECK(has(lines[1], "\"requested_bytes\":8388608,\"requested_bytes_peak\":8388608,"));
+  CHECK(has(lines[1], "\"why\":\"peak\"}"));
+  CHECK(has(lines[2], "\"requested_bytes\":8404992,\"requested_bytes_peak\":8404992,"));
+  CHECK(has(lines[2], "\"why\":\"peak\"}"));
+  CHECK(has(lines[3], "\"requested_bytes\":9469952,\"requested_bytes_peak\":9469952,"));
+  CHECK(has(lines[3], "\"why\":\"peak\"}"));
+  CHECK(has(lines[4], "\"requested_bytes\":2097152,\"requested_bytes_peak\":9469952,"));
+  CHECK(has(lines[4], "\"why\":\"exit\"}"));
+  // The consumers as the tick found them: 8 MiB + 1 MiB + 2 x 16 KiB, the largest first.
+  CHECK(has(lines[5], "\"peak_consumers\":{\"t\":0.004"));
+  CHECK(has(lines[5],
+            ",\"live_bytes\":9469952,\"live_allocs\":4,\"largest\":[{\"device\":0,"
+            "\"bytes\":8388608,"));
+  CHECK(has(lines[5], "\"by_site\":[{\"site\":null,\"count\":4,\"bytes\":9469952}]}"));
+  CHECK(has(lines[5],
+            "\"event_log_written\":null,\"event_log_dropped\":null,"
+            "\"event_log_sites\":null"));
+  std::remove(path.c_str());
+}
+
+TEST_CASE("worker: an out-of-memory record is followed by a sample of its device") {
+  Rig rig(1, 16 * MiB, testing::with_segments());
+  auto& [d, config, events, router] = rig;
+  const std::string path = temp_path("oomsample");
+  std::remove(path.c_str());
+  BackgroundWorker worker(router, events, info_for(path), {});
+  worker.begin();
+  void* a = sync_alloc(router, 0, 4 * MiB, never_called);
+  CHECK(sync_alloc(router, 0, 20 * MiB, [] { return RealResult::out_of_memory; }) == nullptr);
+  worker.tick(now_ns());
+  worker.end(ExitExtras{});
+  router.free_sync(a, 0, never_called);
+  const auto lines = read_lines(path);
+  REQUIRE(lines.size() >= 3);
+  CHECK(has(lines[1], "\"type\":\"oom\""));
+  CHECK(has(lines[2], "\"type\":\"sample\""));
+  CHECK(has(lines[2], "\"requested_bytes\":4194304,"));
+  CHECK(has(lines[2], "\"ooms\":1,"));
+  CHECK(has(lines[2], "\"why\":\"oom\"}"));
+}
+
 TEST_CASE("start record: the start in whole seconds and in nanoseconds, one reading") {
   ProcessInfo info = info_for("");
   info.start_unix_ns = 1796300000123456789ULL;
