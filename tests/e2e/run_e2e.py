@@ -22,6 +22,7 @@ from harness import (ROOT, SANITIZER_RUNTIME, Failure, check_proc_address, compa
                      exit_device, exit_record, expect, expect_equal, expect_exit_snapshot, logs_in,
                      parse_fields, poolshim_log, records_of, run_process, clean_environment,
                      sanitizer_runtime, talk_to_process, with_shim)
+import prom_lint  # noqa: E402
 import rmm_csv  # noqa: E402
 
 MiB = 1 << 20
@@ -389,9 +390,44 @@ def case_prometheus_file(tmp):
                  f'poolshim_ooms_total{{{labels},verdict="exhausted"}} 0'):
         expect(line + "\n" in text, f"missing {line!r} in\n{text}")
     expect_equal(text.count("pid="), 1, "pid labels (poolshim_info only)")
+    # What `promtool check metrics` checks: the format and promlint's rules (tests/e2e/prom_lint.py);
+    # promtool itself too when it is on PATH.
+    expect_equal(prom_lint.check(text), [], f"problems in\n{text}")
+    families = prom_lint.parse(text)
+    expect_equal(len(families), 16, f"families: {sorted(families)}")
+    expect_equal(sum(len(f["samples"]) for f in families.values()), 18, "samples")
+    by_promtool = prom_lint.check_with_promtool(text)
+    if by_promtool is not None:
+        expect_equal(by_promtool, (0, ""), "promtool check metrics")
     expect(not os.path.exists(seen["path"]), f"the .prom file is left after exit: {os.listdir(tmp)}")
     expect(not [f for f in os.listdir(tmp) if ".tmp." in f], "a temporary file was left behind")
     expect_equal(len(records_of(one_log(tmp), "exit")), 1, "exit records")
+
+
+@case
+def case_prometheus_checker_refuses_what_promtool_refuses(tmp):
+    """The self-check of prom_lint: each broken text fails with promtool's complaint."""
+    good = ('# HELP poolshim_x_bytes Bytes.\n# TYPE poolshim_x_bytes gauge\npoolshim_x_bytes{device="0"} 1\n'
+            '# HELP poolshim_y_total Calls.\n# TYPE poolshim_y_total counter\npoolshim_y_total 2\n')
+    expect_equal(prom_lint.check(good), [], "a good text")
+    broken = {
+        "no help": (good.replace("# HELP poolshim_x_bytes Bytes.\n", ""), "poolshim_x_bytes no help text"),
+        "counter suffix": (good.replace("poolshim_y_total", "poolshim_y"),
+                           'poolshim_y counter metrics should have "_total" suffix'),
+        "duplicate": (good + 'poolshim_y_total 3\n', "second sample of poolshim_y_total"),
+        "apart": (good + 'poolshim_x_bytes{device="1"} 1\n', "samples of poolshim_x_bytes are not together"),
+        "type late": (good + "# TYPE poolshim_y_total counter\n", "TYPE for poolshim_y_total after its samples"),
+        "escape": (good.replace('device="0"', 'device="a\\q"'), "bad escape \\q in label device"),
+        "value": (good.replace("} 1", "} one"), "bad value 'one'"),
+        "unit": (good.replace("poolshim_x_bytes", "poolshim_x_milliseconds"),
+                 'poolshim_x_milliseconds use base unit "seconds" instead of "milliseconds"'),
+        "camel": (good.replace("poolshim_x_bytes", "poolshim_xBytes"),
+                  "poolshim_xBytes metric names should be written in 'snake_case' not 'camelCase'"),
+        "newline": (good[:-1], "the text does not end with a newline"),
+    }
+    for what, (text, complaint) in broken.items():
+        problems = prom_lint.check(text)
+        expect(any(complaint in p for p in problems), f"{what}: {complaint!r} not in {problems}")
 
 
 @case
