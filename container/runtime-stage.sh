@@ -14,8 +14,9 @@ usage() {
 usage: container/runtime-stage.sh [--root DIR] DEB
 
 The runtime stage of container/Dockerfile. Installs DEB, poolshim's Debian package
-(poolshim_VERSION_ARCH.deb), then checks that the installed poolshim and poolshim-report say
-its version and that the library to preload, /usr/lib/poolshim/libpoolshim.so, is there. Sets
+(poolshim_VERSION_ARCH.deb), then checks that the installed poolshim, poolshim-report and
+poolshim-replay say its version and that the library to preload, /usr/lib/poolshim/libpoolshim.so,
+is there. Sets
 nothing else: a run opts in with LD_PRELOAD, or runs its command under the poolshim launcher.
   --root DIR  install into DIR with dpkg --root, unprivileged, and check the tools there; DIR's
               dpkg database (DIR/var/lib/dpkg/status) must hold the packages DEB depends on.
@@ -103,7 +104,7 @@ else
 fi
 
 at=${root%/}
-for tool in poolshim poolshim-report; do
+for tool in poolshim poolshim-report poolshim-replay; do
   said=$("$at/usr/bin/$tool" --version 2>&1) || fail 1 "the installed $tool does not run: $said"
   [ "$said" = "$tool $version" ] || fail 1 "the installed $tool says '$said', not '$tool $version'"
 done

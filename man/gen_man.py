@@ -3,7 +3,7 @@
 
     gen_man.py --out DIR --version V --date YYYY-MM-DD --readme README.md --library-dir D TOOL...
 
-- poolshim(1) and poolshim-report(1), one per TOOL, from the tool's own `--help` (argparse's
+- poolshim(1), poolshim-report(1) and poolshim-replay(1), one per TOOL, from the tool's own `--help` (argparse's
   layout: usage, description, then sections `name:` of indented lines) and `--version`, which
   must be "NAME V";
 - poolshim(7) from README.md: its opening paragraphs, and its "Options" and "The log" sections
@@ -24,9 +24,10 @@ import subprocess
 import sys
 
 SEE_ALSO = {
-    "poolshim.1": ["poolshim-report(1)", "poolshim(7)"],
-    "poolshim-report.1": ["poolshim(1)", "poolshim(7)"],
-    "poolshim.7": ["poolshim(1)", "poolshim-report(1)"],
+    "poolshim.1": ["poolshim-report(1)", "poolshim-replay(1)", "poolshim(7)"],
+    "poolshim-report.1": ["poolshim(1)", "poolshim-replay(1)", "poolshim(7)"],
+    "poolshim-replay.1": ["poolshim(1)", "poolshim-report(1)", "poolshim(7)"],
+    "poolshim.7": ["poolshim(1)", "poolshim-report(1)", "poolshim-replay(1)"],
 }
 
 

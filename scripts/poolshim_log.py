@@ -214,6 +214,54 @@ def read_log(path):
     return [record for _, record in read_numbered(path)]
 
 
+class LibraryError(Exception):
+    """The library to preload (or a program beside it) is not there: says which and why."""
+
+
+def find_library(installed, built, fix):
+    """The library to preload: POOLSHIM_LIBRARY when set (an error if it names no ELF file),
+    else `installed` (the installed copy's path, or None in a source tree), else the first of
+    `built` (paths of libpoolshim.so in build folders) that is there. `fix`: what the error
+    says to do when none is. The launcher and poolshim-replay find it so."""
+    named = os.environ.get("POOLSHIM_LIBRARY", "")
+    if named:
+        try:
+            with open(named, "rb") as f:
+                elf = f.read(4) == b"\x7fELF"
+        except OSError as e:
+            raise LibraryError(f"POOLSHIM_LIBRARY={named} names no loadable library: {e.strerror}") from None
+        if not elf:
+            raise LibraryError(f"POOLSHIM_LIBRARY={named} names no loadable library: not an ELF file")
+        return os.path.realpath(named)
+    candidates = [installed] if installed else list(built)
+    for c in candidates:
+        if os.path.isfile(c):
+            return os.path.realpath(c)
+    raise LibraryError(f"libpoolshim.so not found at {' or '.join(os.path.normpath(c) for c in candidates)}: {fix}")
+
+
+# Sanitizer runtimes that must come first in the initial library list (ASan refuses to start
+# otherwise): a preload list that starts with one keeps it first.
+SANITIZER_RUNTIME = re.compile(r"lib(clang_rt\.)?(asan|hwasan|msan|tsan)[-.]")
+
+
+def preload_list(library, existing):
+    """LD_PRELOAD with `library` in front of what was there, or right behind a sanitizer runtime
+    at its head."""
+    parts = [p for p in (existing or "").split(":") if p]
+    at = 1 if parts and SANITIZER_RUNTIME.match(os.path.basename(parts[0])) else 0
+    return ":".join(parts[:at] + [library] + parts[at:])
+
+
+def conf_items(conf):
+    """POOLSHIM_CONF's items as (key, value), each split at its first '=' or ':' as the library
+    splits them (pool/config.h); items with neither are left out."""
+    for piece in conf.split(","):
+        m = re.fullmatch(r"([^=:]*)[=:](.*)", piece, re.DOTALL)
+        if m:
+            yield m.group(1).strip().lower(), m.group(2).strip()
+
+
 def fill_template(template, fields, literal=lambda c: c):
     """A log template (%p %h %r %t %%) with each escape %X replaced by fields[X] (one it does
     not name stays as written) and every other character passed through `literal`."""

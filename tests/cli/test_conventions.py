@@ -36,6 +36,7 @@ USAGE = {
     "poolshim": "usage: poolshim [--log PATH] [--conf k=v,...] [--observe] [--verbose] [--no-summary] [--] command "
                 "[args...]",
     "poolshim-report": "usage: poolshim-report [-h] [--version] [--full] [--html FILE]",
+    "poolshim-replay": "usage: poolshim-replay EVENTS [--conf k=v,...]... [--json FILE] [--device N]",
     "container/build-stage.sh": "usage: container/build-stage.sh [--out DIR] [--build DIR] [--no-apt] [--no-build]",
     "container/runtime-stage.sh": "usage: container/runtime-stage.sh [--root DIR] DEB",
 }
@@ -118,6 +119,8 @@ class Conventions(unittest.TestCase):
             "test": [("--sanitize", "memory")],
             "poolshim": [("--bogus", "--", "true")],
             "poolshim-report": [("--bogus",)],
+            "poolshim-replay": [("--bogus", "events.csv"), (), ("events.csv", "--conf"), ("events.csv", "--conf", "page"),
+                                ("events.csv", "--conf", "log=x.jsonl"), ("events.csv", "--device", "-1")],
         }
         for name, cases in bad.items():
             for args in cases:

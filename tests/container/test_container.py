@@ -184,7 +184,7 @@ class Stages(unittest.TestCase):
 
     def test_installed_tools_say_the_project_version(self):
         self.installed_ok()
-        for tool in ("poolshim", "poolshim-report"):
+        for tool in ("poolshim", "poolshim-report", "poolshim-replay"):
             done = run([self.path("bin", tool), "--version"], env=clean_environment())
             self.assertEqual((done.returncode, done.stdout, done.stderr), (0, f"{tool} {ARGS.version}\n", ""))
 

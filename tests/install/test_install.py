@@ -7,6 +7,7 @@ unconfigured tree refuses to install. CMakeLists.txt passes the layout it instal
 """
 
 import glob
+import json
 import os
 import re
 import runpy
@@ -68,7 +69,9 @@ class Installed(unittest.TestCase):
         wanted = {
             f"{ARGS.bindir}/poolshim": "file",
             f"{ARGS.bindir}/poolshim-report": "file",
+            f"{ARGS.bindir}/poolshim-replay": "file",
             f"{lib}/libpoolshim.so.{ARGS.version}": "file",
+            f"{lib}/replay_events": "file",
             f"{lib}/libpoolshim.so.{major}": f"-> libpoolshim.so.{ARGS.version}",
             f"{lib}/libpoolshim.so": f"-> libpoolshim.so.{major}",
             f"{ARGS.python}/poolshim_log.py": "file",
@@ -76,14 +79,16 @@ class Installed(unittest.TestCase):
             f"{ARGS.docdir}/DESIGN.md": "file",
             f"{ARGS.mandir}/man1/poolshim.1.gz": "file",
             f"{ARGS.mandir}/man1/poolshim-report.1.gz": "file",
+            f"{ARGS.mandir}/man1/poolshim-replay.1.gz": "file",
             f"{ARGS.mandir}/man7/poolshim.7.gz": "file",
         }
         for module in sorted(glob.glob(os.path.join(ROOT, "scripts", "poolshim_report", "*.py"))):
             wanted[f"{ARGS.python}/poolshim_report/{os.path.basename(module)}"] = "file"
         # No test double, no test program, nothing else.
         self.assertEqual(tree(self.prefix), wanted)
-        for tool in ("poolshim", "poolshim-report"):
+        for tool in ("poolshim", "poolshim-report", "poolshim-replay"):
             self.assertTrue(os.access(self.path(ARGS.bindir, tool), os.X_OK), f"{tool} is not executable")
+        self.assertTrue(os.access(self.path(lib, "replay_events"), os.X_OK), "replay_events is not executable")
 
     def test_library_has_the_versioned_soname(self):
         major = ARGS.version.split(".")[0]
@@ -93,7 +98,7 @@ class Installed(unittest.TestCase):
         self.assertEqual(sonames, [f"libpoolshim.so.{major}"])
 
     def test_installed_tools_say_the_project_version(self):
-        for tool in ("poolshim", "poolshim-report"):
+        for tool in ("poolshim", "poolshim-report", "poolshim-replay"):
             done = run([self.path(ARGS.bindir, tool), "--version"], env=clean_environment())
             self.assertEqual((done.returncode, done.stdout, done.stderr), (0, f"{tool} {ARGS.version}\n", ""))
 
@@ -102,7 +107,8 @@ class Installed(unittest.TestCase):
         # must be the installed ones, not the source tree's scripts/.
         python = os.path.realpath(self.path(ARGS.python))
         for tool, modules in (("poolshim", ("poolshim_log", "poolshim_report.model")),
-                              ("poolshim-report", ("poolshim_log", "poolshim_report.cli"))):
+                              ("poolshim-report", ("poolshim_log", "poolshim_report.cli")),
+                              ("poolshim-replay", ("poolshim_log",))):
             for name in modules:
                 sys.modules.pop(name, None)
             sys.modules.pop("poolshim_report", None)
@@ -145,6 +151,31 @@ class Installed(unittest.TestCase):
         # The installed tool and the source tree's give the same summary of the same log.
         source = run([os.path.join(ROOT, "scripts", "poolshim-report"), logs[0]], env=env, cwd=work)
         self.assertEqual(report.stdout, source.stdout)
+
+
+    def test_installed_replay_runs_its_program_under_the_installed_library(self):
+        # The installed tool finds its replay program and the library relative to itself (no
+        # build folder named): a 30 MiB block with page=0 reserves exactly its own segment.
+        work = os.path.join(self.tmp, "replay")
+        os.makedirs(work)
+        events = os.path.join(work, "events.csv")
+        with open(events, "w") as f:
+            f.write("Thread,Time,Action,Pointer,Size,Stream,Device,Site,T\n"
+                    f"1,00:00:00.000000,allocate,0x10000000,{30 << 20},0x0,0,0,0.1\n"
+                    f"1,00:00:00.000000,free,0x10000000,{30 << 20},0x0,0,0,0.2\n")
+        env = demo_over_the_double_env(ARGS.build)
+        runtime = sanitizer_runtime(ARGS.build)
+        if runtime:
+            env["LD_PRELOAD"] = runtime
+            env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":detect_leaks=0"
+        out = os.path.join(work, "replay.json")
+        done = run([self.path(ARGS.bindir, "poolshim-replay"), events, "--conf", "page=0", "--json", out], env=env,
+                   cwd=work)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        with open(out) as f:
+            replayed = json.load(f)["runs"][0]
+        self.assertEqual((replayed["reserved_bytes_peak"], replayed["allocations"], replayed["frees"]),
+                         (30 << 20, 1, 1))
 
 
 class Refused(unittest.TestCase):

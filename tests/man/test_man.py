@@ -17,7 +17,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-PAGES = ("poolshim.1", "poolshim-report.1", "poolshim.7")
+PAGES = ("poolshim.1", "poolshim-report.1", "poolshim-replay.1", "poolshim.7")
 ARGS = None
 sys.path.insert(0, os.path.dirname(HERE))
 from harness import unittest_main_with_options  # noqa: E402
@@ -83,7 +83,7 @@ def readme_log_spans():
 
 
 class Generated(unittest.TestCase):
-    def test_the_three_pages_are_made_with_the_project_version(self):
+    def test_the_four_pages_are_made_with_the_project_version(self):
         self.assertEqual(sorted(os.listdir(os.path.join(ARGS.build, "man"))), sorted(p + ".gz" for p in PAGES))
         for page in PAGES:
             name, section = page.rsplit(".", 1)
@@ -138,7 +138,7 @@ class Overview(unittest.TestCase):
 
 class ToolPages(unittest.TestCase):
     def test_each_tool_page_has_exactly_the_options_of_its_help(self):
-        for tool in ("poolshim", "poolshim-report"):
+        for tool in ("poolshim", "poolshim-report", "poolshim-replay"):
             with self.subTest(tool=tool):
                 done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", tool), "--help"],
                                       capture_output=True, text=True, timeout=60)

@@ -130,35 +130,44 @@ class Package(unittest.TestCase):
             self.assertEqual(done.returncode, 0, done.stderr)
             self.assertIn("Status: install ok installed", done.stdout.splitlines())
         listed = run(["dpkg", f"--root={self.root}", "-L", "poolshim"]).stdout.split()
-        for path in ("/usr/bin/poolshim", "/usr/bin/poolshim-report", "/usr/share/man/man1/poolshim.1.gz",
-                     "/usr/share/man/man1/poolshim-report.1.gz", "/usr/share/man/man7/poolshim.7.gz",
-                     f"/usr/lib/poolshim/libpoolshim.so.{ARGS.version}"):
+        for path in ("/usr/bin/poolshim", "/usr/bin/poolshim-report", "/usr/bin/poolshim-replay",
+                     "/usr/share/man/man1/poolshim.1.gz", "/usr/share/man/man1/poolshim-report.1.gz",
+                     "/usr/share/man/man1/poolshim-replay.1.gz", "/usr/share/man/man7/poolshim.7.gz",
+                     f"/usr/lib/poolshim/libpoolshim.so.{ARGS.version}", "/usr/lib/poolshim/replay_events"):
             self.assertIn(path, listed)
             self.assertTrue(os.path.lexists(self.root + path), path)
 
     def test_library_has_no_debug_sections_and_the_dbgsym_has_them_under_its_build_id(self):
+        # The two ELF files of the package, the library and poolshim-replay's replay program, each
+        # stripped, with its debug information in the -dbgsym under its build id.
         self.installed_ok()
-        library = self.path("lib", "poolshim", f"libpoolshim.so.{ARGS.version}")
-        shipped = sections(library)
-        self.assertEqual([s for s in shipped if s.startswith(".debug") or s == ".symtab"], [])
-        self.assertIn(".gnu_debuglink", shipped)
-        identity = build_id(library)
-        # The build's own copy has the same build id: the package stripped it, nothing else.
-        self.assertEqual(identity, build_id(os.path.join(ARGS.build, f"libpoolshim.so.{ARGS.version}")))
-        debug = f"lib/debug/.build-id/{identity[:2]}/{identity[2:]}.debug"
+        identities = []
+        for name in (f"libpoolshim.so.{ARGS.version}", "replay_events"):
+            with self.subTest(elf=name):
+                shipped = sections(self.path("lib", "poolshim", name))
+                self.assertEqual([s for s in shipped if s.startswith(".debug") or s == ".symtab"], [])
+                self.assertIn(".gnu_debuglink", shipped)
+                identity = build_id(self.path("lib", "poolshim", name))
+                # The build's own copy has the same build id: the package stripped it, nothing else.
+                built = os.path.join(ARGS.build, name) if name.startswith("lib") else os.path.join(ARGS.build, "tools", name)
+                self.assertEqual(identity, build_id(built))
+                debug = f"lib/debug/.build-id/{identity[:2]}/{identity[2:]}.debug"
+                self.assertTrue(os.path.isfile(self.path(debug)))
+                self.assertLessEqual({".debug_info", ".debug_line", ".symtab"}, set(sections(self.path(debug))))
+                self.assertEqual(build_id(self.path(debug)), identity)
+                identities.append(identity)
         listed = [line.split()[-1] for line in run(["dpkg-deb", "-c", self.dbgsym]).stdout.splitlines()
                   if not line.startswith("d")]
-        self.assertEqual(listed, [f"./usr/{debug}"])
-        self.assertTrue(os.path.isfile(self.path(debug)))
-        self.assertLessEqual({".debug_info", ".debug_line", ".symtab"}, set(sections(self.path(debug))))
-        self.assertEqual(build_id(self.path(debug)), identity)
+        self.assertEqual(sorted(listed),
+                         sorted(f"./usr/lib/debug/.build-id/{i[:2]}/{i[2:]}.debug" for i in identities))
         fields = control(self.dbgsym, "Package", "Version", "Depends", "Build-Ids")
+        self.assertEqual(sorted(fields.pop("Build-Ids").split()), sorted(identities))
         self.assertEqual(fields, {"Package": "poolshim-dbgsym", "Version": ARGS.version,
-                                  "Depends": f"poolshim (= {ARGS.version})", "Build-Ids": identity})
+                                  "Depends": f"poolshim (= {ARGS.version})"})
 
     def test_installed_tools_say_the_project_version(self):
         self.installed_ok()
-        for tool in ("poolshim", "poolshim-report"):
+        for tool in ("poolshim", "poolshim-report", "poolshim-replay"):
             done = run([self.path("bin", tool), "--version"], env=clean_environment())
             self.assertEqual((done.returncode, done.stdout, done.stderr), (0, f"{tool} {ARGS.version}\n", ""))
 
