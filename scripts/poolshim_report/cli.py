@@ -47,7 +47,9 @@ exit status:
      a newer schema, a record with a field of the wrong type, or a value poolshim does not
      write (integers beyond -2^63..2^64-1, other numbers beyond +-2^64, NaN, a t beyond
      0..2^31 s, nesting deeper than 32, a lone UTF-16 surrogate); the message names the file
-     and line
+     and line; with --memory-viz, an event log that is missing, empty or not one (its header, or
+     a row: the line is named), a row of a device the run did not have, or logs that do not hold
+     exactly one run that can have written it
 
 examples:
   poolshim-report poolshim-4242.jsonl
