@@ -7,7 +7,8 @@
 A small event log and its JSON log are written here; the snapshot's exact content is checked,
 then read as MemoryViz.js reads it (tests/gpu/memory_viz_check.py: its unpickler's opcodes and
 its two views replayed), and through torch.cuda._memory_viz when torch is importable (skipped,
-saying so, otherwise).
+saying so, otherwise). fixtures/events_oom.csv and events_oom.jsonl are a real event log and its
+log (`oom_cases exhausted` over the CPU test double; RealLog says how they were made).
 """
 
 import json
@@ -242,6 +243,33 @@ class Snapshot(unittest.TestCase):
         recs = [r for r in records() if r["type"] != "oom"]
         snap = pickle.loads(Files(self, recs=recs).snapshot(self))
         self.assertEqual(snap["device_traces"][1][2]["device_free"], 7 * MiB)
+
+
+class RealLog(unittest.TestCase):
+    def test_event_log_of_oom_cases_over_the_double(self):
+        """fixtures/events_oom.{csv,jsonl}: `oom_cases exhausted` over the CPU test double
+        (CUDADOUBLE_MEM=32M, POOLSHIM_BACKTRACE=8, POOLSHIM_EVENTS), a library whose exit record
+        has no event_log_sites yet: eight 4 MiB blocks live to the end, then the failure, whose
+        device_free is its oom record's (0 of 32 MiB)."""
+        out = os.path.join(tempfile.mkdtemp(prefix="poolshim-memviz-test-"), "oom.pickle")
+        self.addCleanup(shutil.rmtree, os.path.dirname(out), True)
+        done = subprocess.run([sys.executable, TOOL, "--no-lines", "--quiet", "--memory-viz", out, "--events",
+                               os.path.join(HERE, "fixtures", "events_oom.csv"),
+                               os.path.join(HERE, "fixtures", "events_oom.jsonl")],
+                              capture_output=True, text=True, timeout=120)
+        self.assertEqual((done.returncode, done.stderr), (0, ""))
+        with open(out, "rb") as f:
+            data = f.read()
+        snap, lines = memory_viz_check.check_viewer(data)
+        trace, = snap["device_traces"]
+        self.assertEqual([e["action"] for e in trace], ["segment_alloc", "alloc"] * 8 + ["oom"])
+        self.assertEqual(trace[-1], {"action": "oom", "size": 4 * MiB, "stream": 0, "device_free": 0,
+                                     "time_us": 1796613477331106, "frames": []})
+        self.assertEqual([s["address"] for s in snap["segments"]],
+                         sorted(0x7FB442600000 + i * 4 * MiB for i in range(8)))
+        self.assertEqual(lines[1], "device 0: Active Memory Timeline 8 allocations, peak 33554432 bytes, 33554432 at "
+                                   "the end; Active Cached Segment Timeline peak 33554432 bytes; Allocator State "
+                                   "History 17 events, up to 8 segments and 8 blocks")
 
 
 class Frames(unittest.TestCase):
