@@ -19,8 +19,8 @@ Each LOG is one log file: one per process or rank, or one that several processes
 runs). With more than one process, a merged summary follows: totals across processes, every
 device of every rank side by side, and leaks and out-of-memory errors by call site.
 
-By default the summary is printed on standard output; --html and --perfetto write files too
-(add --quiet to print nothing)."""
+By default the summary is printed on standard output; --html, --perfetto and --memory-viz
+write files too (add --quiet to print nothing)."""
 
 EPILOG = """\
 the summary, per process:
@@ -47,12 +47,15 @@ exit status:
      a newer schema, a record with a field of the wrong type, or a value poolshim does not
      write (integers beyond -2^63..2^64-1, other numbers beyond +-2^64, NaN, a t beyond
      0..2^31 s, nesting deeper than 32, a lone UTF-16 surrogate); the message names the file
-     and line
+     and line; with --memory-viz, an event log that is missing, empty or not one (its header, or
+     a row: the line is named), a row of a device the run did not have, or logs that do not hold
+     exactly one run that can have written it
 
 examples:
   poolshim-report poolshim-4242.jsonl
   poolshim-report --full run.jsonl
   poolshim-report --html report.html --perfetto trace.json logs/rank*.jsonl
+  poolshim-report --memory-viz snapshot.pickle --events events.csv poolshim-4242.jsonl
 """
 
 
@@ -81,6 +84,15 @@ def parser():
                    help="write a Chrome trace-event JSON file for ui.perfetto.dev (or chrome://tracing): byte "
                         "counters per device (native, VMM physical and other too, for schema 2 logs), OOMs and "
                         "warnings as instant events, one track per process")
+    p.add_argument("--memory-viz", metavar="FILE",
+                   help="write the event log (--events) as a PyTorch memory snapshot, the pickle that "
+                        "torch.cuda.memory._dump_snapshot writes, for pytorch.org/memory_viz: every allocation, "
+                        "free and failed allocation per device with its time, stream and call-site frames, and "
+                        "the blocks live at the end; each allocation is its own segment (the pool's segments "
+                        "are not in the event log); the LOGs must hold the run that wrote the event log")
+    p.add_argument("--events", metavar="CSV",
+                   help="the event log (POOLSHIM_EVENTS) that --memory-viz reads; its call-site frames come "
+                        "from the run's exit record (event_log_sites)")
     p.add_argument("--align", choices=("wall", "zero"), default="wall",
                    help="Perfetto time axis: 'wall' (default) places each process at its start time "
                         "(start_unix_s, whole seconds) so that runs and ranks line up; 'zero' starts every "
@@ -89,14 +101,15 @@ def parser():
                    help="do not ask addr2line for the file and line of call-site frames (by default "
                         "it is asked when it is on PATH and the modules are readable)")
     p.add_argument("--quiet", "-q", action="store_true",
-                   help="print nothing but errors (with --html or --perfetto): no summary, no 'wrote FILE' line")
+                   help="print nothing but errors (with --html, --perfetto or --memory-viz): no summary, no "
+                        "'wrote FILE' line")
     return p
 
 
 def _write(path, text):
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with (open(tmp, "wb") if isinstance(text, bytes) else open(tmp, "w", encoding="utf-8")) as f:
             f.write(text)
         os.replace(tmp, path)
     except OSError as e:
@@ -113,21 +126,43 @@ def main(argv=None):
         sys.stdout.reconfigure(errors="replace")
     except (AttributeError, ValueError):
         pass
-    inputs = {os.path.realpath(p) for p in args.logs}
-    for option, path in (("--html", args.html), ("--perfetto", args.perfetto)):
+    if args.memory_viz and not args.events:
+        parser().error("--memory-viz needs --events CSV (the event log to export)")
+    if args.events and not args.memory_viz:
+        parser().error("--events is only read by --memory-viz")
+    inputs = {os.path.realpath(p): "one of the logs" for p in args.logs}
+    if args.events:
+        inputs.setdefault(os.path.realpath(args.events), "the event log")
+    outputs = (("--html", args.html), ("--perfetto", args.perfetto), ("--memory-viz", args.memory_viz))
+    for option, path in outputs:
         if path and os.path.realpath(path) in inputs:
-            print(f"{PROG}: error: {option} {path} is one of the logs: refusing to overwrite it", file=sys.stderr)
+            print(f"{PROG}: error: {option} {path} is {inputs[os.path.realpath(path)]}: refusing to overwrite it",
+                  file=sys.stderr)
             return 2
-    if args.html and args.perfetto and os.path.realpath(args.html) == os.path.realpath(args.perfetto):
-        print(f"{PROG}: error: --html and --perfetto name the same file", file=sys.stderr)
-        return 2
+    named = [(option, os.path.realpath(path)) for option, path in outputs if path]
+    for i, (option, path) in enumerate(named):
+        for other, other_path in named[i + 1:]:
+            if path == other_path:
+                print(f"{PROG}: error: {option} and {other} name the same file", file=sys.stderr)
+                return 2
     model.ANNOTATE_LINES = not args.no_lines
     try:
         report = model.load(args.logs)
     except LogError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    if args.memory_viz:
+        from . import memory_viz
+        try:
+            snapshot, notes = memory_viz.export(report, args.events)
+        except LogError as e:
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+            return 2
+        for note in notes if not args.quiet else ():
+            print(f"{PROG}: warning: --memory-viz: {note}", file=sys.stderr)
     try:
+        if args.memory_viz:
+            _write(args.memory_viz, snapshot)
         if args.html:
             from . import html_page
             _write(args.html, html_page.render(report))
@@ -147,7 +182,8 @@ def main(argv=None):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             return 0
-    for label, path in (("HTML page", args.html), ("Perfetto trace", args.perfetto)):
+    for label, path in (("HTML page", args.html), ("Perfetto trace", args.perfetto),
+                        ("memory snapshot", args.memory_viz)):
         if path and not args.quiet:
             print(f"{PROG}: wrote {label} {path}", file=sys.stderr)
     return 0
