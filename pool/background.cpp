@@ -10,6 +10,7 @@
 
 #include "clock.h"
 #include "json.h"
+#include "nvtx_marks.h"
 #include "prometheus.h"
 #include "summary.h"
 #include "units.h"
@@ -477,6 +478,7 @@ void BackgroundWorker::run() {
   // What the shim has to say at start, said here rather than in the hook that started it.
   for (const auto& w : startup_warnings_) print_stderr("warning: " + w);
   begin();
+  nvtx_marks::start();  // NVTX's first call may load a tool: here, not in a hook, after the log
   if (router_.config().verbose) {
     print_stderr("version " + std::string(poolshim_version_string()) + ", log " +
                  (info_.log_path.empty() ? std::string("disabled") : info_.log_path));

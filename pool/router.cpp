@@ -7,6 +7,8 @@
 
 #include "clock.h"
 #include "free_mode.h"
+#include "nvtx_marks.h"
+#include "records.h"
 
 namespace poolshim {
 
@@ -137,7 +139,8 @@ CUresult Router::take_block(DevicePool& pool, std::size_t bytes, std::uintptr_t 
     if (pressed) hit = from_free(lend);
     if (!hit && heap.coalesce(fences.completed(), token, lend) > 0) hit = from_free(lend);
     if (!hit && pressed && heap.waiting(fences.completed(), token, lend) &&
-        !capture_in_progress() && synchronize_as_fence(pool) == CUDA_SUCCESS) {
+        !capture_in_progress() &&
+        synchronize_as_fence(pool, nvtx_marks::Wait::bounded_slack) == CUDA_SUCCESS) {
       s.bump(&CounterShard::bounded_syncs);
       heap.coalesce(fences.completed(), token, lend);
       hit = from_free(lend);
@@ -164,15 +167,15 @@ CUresult Router::take_block(DevicePool& pool, std::size_t bytes, std::uintptr_t 
   s.bump(&CounterShard::oom_retries);
   // After a synchronization every free block is usable and every wholly free segment can go
   // back to the pool, which then gives its unused memory back to the device.
-  synchronize_as_fence(pool);
+  synchronize_as_fence(pool, nvtx_marks::Wait::oom_retry);
   // Any free block now serves, whatever arena holds it: out of memory, no working set is kept.
   heap.coalesce(fences.completed(), token, DeviceHeap::Lend::any);
   if (from_free(DeviceHeap::Lend::any)) {
     s.bump(&CounterShard::oom_retry_successes);
     return CUDA_SUCCESS;
   }
-  if (heap.trim(0, fences.completed()) > 0) s.bump(&CounterShard::cache_returns);
-  pool.trim_to(0);
+  return_cache(pool, 0);
+  nvtx_marks::trim(nvtx_marks::Trim::oom_retry, pool.ordinal(), [&] { return pool.trim_to(0); });
   if (heap.allocate(bytes, token, fences.completed(), out, &r)) {
     s.bump(&CounterShard::oom_retry_successes);
     return CUDA_SUCCESS;
@@ -232,10 +235,9 @@ void Router::decline_allocation(DevicePool& pool, std::size_t bytes, CUstream st
     // 280 GiB request left 139 GiB reserved and 5 MiB free). Give back every unused byte, the
     // heap's whole free segments first, before the real function tries: it needs that memory,
     // and an application that has just run out should not find it held in a cache.
-    if (pool.heap().trim(0, pool.fences().completed()) > 0) {
-      stats(pool.ordinal()).bump(&CounterShard::cache_returns);
-    }
-    report.released_after = pool.trim_to(0);
+    return_cache(pool, 0);
+    report.released_after =
+        nvtx_marks::trim(nvtx_marks::Trim::oom, pool.ordinal(), [&] { return pool.trim_to(0); });
   }
   // Under a cap the real function must not allocate what the pool refused: it is asked for
   // a request it cannot serve, so the application gets the native error and nothing else.
@@ -263,13 +265,17 @@ void Router::decline_allocation(DevicePool& pool, std::size_t bytes, CUstream st
 void Router::publish_oom(const OomReport& report) {
   DeviceStats& s = stats(report.device);
   s.on_oom(oom_verdict_of(report));
+  nvtx_marks::mark_oom(report.device, report.request, oom_verdict(report));
   if (unused_of(PoolUsage{report.reserved, 0, report.used, 0, true}) >= report.request) {
     s.bump(&CounterShard::oom_with_slack);
   }
   const std::uint64_t ticket = events_.push_oom(report);
   // The application often aborts right after an OOM: give the record a moment to be written.
   const long long wait_ms = oom_record_wait_ms_.load(std::memory_order_relaxed);
-  if (wait_ms > 0) events_.wait_written(ticket, std::chrono::milliseconds(wait_ms));
+  if (wait_ms > 0) {
+    const nvtx_marks::WaitRange wait(nvtx_marks::Wait::oom_record, report.device);
+    events_.wait_written(ticket, std::chrono::milliseconds(wait_ms));
+  }
 }
 
 bool Router::healthy(DevicePool& pool) {
@@ -414,7 +420,8 @@ void Router::free_sync(void* ptr, int caller_device, Fallback real) {
   }
   // Native cudaFree waits for the device: no work enqueued before it may still touch the block.
   // That synchronization is a fence: the block is ready for any stream once it returns.
-  const CUresult r = pool != nullptr ? synchronize_as_fence(*pool) : CUDA_ERROR_INVALID_CONTEXT;
+  const CUresult r = pool != nullptr ? synchronize_as_fence(*pool, nvtx_marks::Wait::sync_free)
+                                     : CUDA_ERROR_INVALID_CONTEXT;
   if (r != CUDA_SUCCESS) {
     // E.g. a sticky error from an earlier kernel: the real cudaFree reports it natively.
     free_on_proxy(key, *a, real);
@@ -538,7 +545,7 @@ bool Router::order_legacy_handout(DevicePool& pool, bool any_stream) {
   const bool refused = capture_in_progress();
   if (!refused) {
     const bool ordered = legacy_barrier(pool) && !listed;
-    if (!ordered) synchronize_as_fence(pool);
+    if (!ordered) synchronize_as_fence(pool, nvtx_marks::Wait::legacy_handout);
   }
   pool.legacy_orderings.fetch_sub(1, std::memory_order_release);
   return !refused;
@@ -586,7 +593,8 @@ void Router::after_stream_listed(const StreamRegistry::Entry& entry) {
   driver_.cuStreamWaitEvent(entry.stream, pool->legacy_event(), 0);
 }
 
-CUresult Router::synchronize_as_fence(DevicePool& pool) {
+CUresult Router::synchronize_as_fence(DevicePool& pool, nvtx_marks::Wait why) {
+  const nvtx_marks::WaitRange wait(why, pool.ordinal());
   FenceClock& fences = pool.fences();
   const std::uint64_t k = fences.start();
   const CUresult r = synchronize_for_free(pool);
@@ -657,8 +665,15 @@ std::uint64_t Router::tend_heap(int device, std::uint64_t now) {
   // trimmed: idle trim, out-of-memory).
   DeviceHeap& heap = pool->heap();
   const std::uint64_t keep = heap.allocated() + pool->heap_keep();
-  const std::uint64_t returned = heap.trim(keep, pool->fences().completed());
-  if (returned > 0) stats(device).bump(&CounterShard::cache_returns);
+  return return_cache(*pool, keep);
+}
+
+std::uint64_t Router::return_cache(DevicePool& pool, std::uint64_t keep) {
+  const std::uint64_t returned = pool.heap().trim(keep, pool.fences().completed());
+  if (returned > 0) {
+    stats(pool.ordinal()).bump(&CounterShard::cache_returns);
+    nvtx_marks::mark_cache_return(pool.ordinal(), returned);
+  }
   return returned;
 }
 
@@ -723,6 +738,7 @@ void Router::free_async(void* ptr, CUstream stream, Fallback real) {
   } else {
     // Another context's stream: no fence of this device covers its work. Its work up to the
     // free is waited for (a rare path), after which the block is free for every stream.
+    const nvtx_marks::WaitRange wait(nvtx_marks::Wait::foreign_stream, a->device);
     const CUresult r = driver_.cuStreamSynchronize(stream);
     if (r != CUDA_SUCCESS) {
       free_on_proxy(key, *a, real, false, s);
@@ -1155,12 +1171,11 @@ std::uint64_t Router::trim_idle(int device, std::uint64_t keep_reserved) {
   // while nothing runs.
   DeviceHeap& heap = pool->heap();
   if (heap.waiting(pool->fences().completed()) && !capture_in_progress()) {
-    synchronize_as_fence(*pool);
+    synchronize_as_fence(*pool, nvtx_marks::Wait::idle_trim);
   }
-  if (heap.trim(keep_reserved, pool->fences().completed()) > 0) {
-    stats(device).bump(&CounterShard::cache_returns);
-  }
-  const std::uint64_t released = pool->trim_to(keep_reserved);
+  return_cache(*pool, keep_reserved);
+  const std::uint64_t released = nvtx_marks::trim(nvtx_marks::Trim::idle, device,
+                                                  [&] { return pool->trim_to(keep_reserved); });
   if (released > 0) {
     DeviceStats& s = stats(device);
     s.bump(&CounterShard::idle_trims);

@@ -25,6 +25,7 @@
 #include "function_ref.h"
 #include "ipc_share.h"
 #include "native_ledger.h"
+#include "nvtx_marks.h"
 #include "peer_access.h"
 #include "stats.h"
 #include "stream_registry.h"
@@ -286,8 +287,12 @@ class Router {
   /// Polls the event fence in flight and (`may_start`) starts one when blocks wait for it. True
   /// when the completed fence moved. Never blocks: another thread at it means false.
   bool advance_fences(DevicePool& pool, bool may_start = true);
-  /// A synchronization of the device that is a fence: returns its result.
-  CUresult synchronize_as_fence(DevicePool& pool);
+  /// A synchronization of the device that is a fence: returns its result. `why` names its NVTX
+  /// range (nvtx_marks.h).
+  CUresult synchronize_as_fence(DevicePool& pool, nvtx_marks::Wait why);
+  /// The heap's whole free segments and free pages beyond `keep` go back (DeviceHeap::trim):
+  /// counted as a cache return and marked when it gives back any. Returns the bytes.
+  std::uint64_t return_cache(DevicePool& pool, std::uint64_t keep);
   void decline_allocation(DevicePool& pool, std::size_t bytes, CUstream stream, bool async,
                           CUresult pool_result, AllocFallback real);
   /// The real free for a pooled pointer, on the device's proxy: when it succeeds, the block goes

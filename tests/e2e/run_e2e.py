@@ -1664,6 +1664,137 @@ def case_event_log_that_cannot_be_opened_warns_once_and_the_program_runs(tmp):
     expect_equal(event_files(tmp), [], "event logs")
 
 
+
+# ---- NVTX markers for Nsight Systems (issue 17, pool/nvtx_marks.h) --------------------------
+# The test tool (tests/programs/nvtx_recorder.c) stands in for Nsight Systems' injection library
+# and writes each call of the domain API: one line, tab-separated.
+
+NVTX_COLORS = {"oom": "ffd32f2f", "trim": "ff388e3c", "fence": "fff9a825", "wait": "ff1976d2"}
+NVTX_CATEGORIES = {"oom": 1, "trim": 2, "fence": 3, "wait": 4}
+# What the shim's start() declares before its first marker: the domain, its categories, its strings.
+NVTX_HEADER = (["create\tpoolshim", "category\tpoolshim\t1\tout of memory", "category\tpoolshim\t2\ttrim",
+                "category\tpoolshim\t3\tfence", "category\tpoolshim\t4\twait"]
+               + ["register\tpoolshim\t" + text for text in (
+                   "fence: synchronizing cudaFree", "fence: free memory waits for a fence",
+                   "fence: out-of-memory retry", "fence: idle trim", "fence: legacy stream handout",
+                   "wait: free on another context's stream", "wait: oom record written",
+                   "trim: idle", "trim: out-of-memory retry", "trim: out of memory")])
+
+
+def nvtx_event(call, kind, message, payload):
+    return f"{call}\tpoolshim\t{NVTX_CATEGORIES[kind]}\t{NVTX_COLORS[kind]}\t{message}\t{payload}"
+
+
+def nvtx_range(kind, message, device=0):
+    return [nvtx_event("push", kind, message, f"i32:{device}"), "pop\tpoolshim"]
+
+
+def nvtx_trim(why, released, human):
+    return nvtx_range("trim", f"trim: {why}") + [
+        nvtx_event("mark", "trim", f"trim: {why}: device 0, {released} bytes ({human}) released", f"u64:{released}")]
+
+
+def nvtx_oom(request, human, verdict):
+    return [nvtx_event("mark", "oom", f"out of memory: device 0, {request} bytes ({human}) requested, verdict {verdict}",
+                       f"u64:{request}")]
+
+
+def nvtx_run(tmp, args, extra, injected=True):
+    """`args` under the shim, with the test tool as NVTX's injection library or with none (and
+    NVTX_RECORDER_FILE set either way): the result and the path of the tool's file."""
+    env = base_env(extra)
+    env.pop("NVTX_INJECTION64_PATH", None)  # a suite run under nsys must not change the case
+    markers = os.path.join(tmp, "nvtx.tsv")
+    env["NVTX_RECORDER_FILE"] = markers
+    if injected:
+        env["NVTX_INJECTION64_PATH"] = os.path.join(BUILD, "programs", "libnvtx_recorder.so")
+    env = with_shim(env, os.path.join(BUILD, "libpoolshim.so"), os.path.join(tmp, "log-%p.jsonl"))
+    return run_process(args, env), markers
+
+
+def nvtx_lines(path, domain):
+    expect(os.path.exists(path), f"no marker file {path}")
+    with open(path) as f:
+        return [line for line in f.read().splitlines() if line.split("\t")[1] == domain]
+
+
+@case
+def case_nvtx_marks_an_oom_its_retry_fence_and_its_trims(tmp):
+    # oom_cases fragmentation: 32 blocks of 1 MiB, every other one freed (16 synchronizing
+    # frees), then 2 MiB: the retry synchronizes and trims (nothing: each segment is half used),
+    # the pool gives back what it can before the real cudaMalloc (nothing), and the application
+    # gets the error. No log, so no wait for the oom record (its range is in the next case).
+    shim, markers = nvtx_run(tmp, [program("oom_cases"), "fragmentation"],
+                             {"CUDADOUBLE_MEM": "32M", "POOLSHIM_LOG": "", "POOLSHIM_FREE": "sync"})
+    expect_equal((shim.rc, shim.out), (3, "allocation of 2097152 bytes failed after 32: cudaErrorMemoryAllocation\n"),
+                 f"exit status and output\n{shim.describe()}")
+    expect_equal(nvtx_lines(markers, "poolshim"),
+                 NVTX_HEADER + nvtx_range("fence", "fence: synchronizing cudaFree") * 16
+                 + nvtx_range("fence", "fence: out-of-memory retry")
+                 + nvtx_trim("out-of-memory retry", 0, "0 B") + nvtx_trim("out of memory", 0, "0 B")
+                 + nvtx_oom(2 * MiB, "2.0 MiB", "fragmentation"),
+                 "the poolshim domain's calls")
+
+
+@case
+def case_nvtx_marks_idle_trims_and_the_oom_record_wait_beside_the_application_domain(tmp):
+    # free_then_idle: 8 blocks of 4 MiB in two 20 MiB segments (no pages), 8 synchronizing
+    # frees, 2 s idle: each idle trim halves the excess, so the first gives one segment back to
+    # the pool and the pool 20 MiB to the device, the second the other. Then 2 GiB on a 1 GiB
+    # device: no retry (hopeless), the trim before the real call releases nothing, the error is
+    # marked and its record waited for (the log is open by then). The program's own NVTX copy
+    # marks its domain through the same tool.
+    shim, markers = nvtx_run(tmp, [program("free_then_idle"), "8", "2000", str(2 << 30)],
+                             {"POOLSHIM_PAGE": "0", "POOLSHIM_IDLE_TRIM_MS": "100", "POOLSHIM_FREE": "sync"})
+    expect_equal((shim.rc, shim.out), (3, "free_then_idle: 8 blocks of 4 MiB freed, idle 2000 ms\n"
+                                          "allocation of 2147483648 bytes: cudaErrorMemoryAllocation\n"),
+                 f"exit status and output\n{shim.describe()}")
+    cache_return = nvtx_event("mark", "trim", f"cache return: device 0, {20 * MiB} bytes (20.0 MiB)", f"u64:{20 * MiB}")
+    expect_equal(nvtx_lines(markers, "poolshim"),
+                 NVTX_HEADER + nvtx_range("fence", "fence: synchronizing cudaFree") * 8
+                 + [cache_return] + nvtx_trim("idle", 20 * MiB, "20.0 MiB")
+                 + [cache_return] + nvtx_trim("idle", 20 * MiB, "20.0 MiB")
+                 + nvtx_trim("out of memory", 0, "0 B") + nvtx_oom(2 << 30, "2.0 GiB", "exhausted")
+                 + nvtx_range("wait", "wait: oom record written"),
+                 "the poolshim domain's calls")
+    expect_equal(nvtx_lines(markers, "free_then_idle"),
+                 ["create\tfree_then_idle", "mark\tfree_then_idle\t0\t-\tfreed\t-",
+                  "mark\tfree_then_idle\t0\t-\tidle over\t-"], "the application's own domain")
+    # The markers tell what the log tells.
+    records = one_log(tmp)
+    _, d = exit_device(records)
+    expect_equal((d["idle_trims"], d["idle_trimmed_bytes"], d["cache_returns"]), (2, 40 * MiB, 2),
+                 "idle_trims, idle_trimmed_bytes, cache_returns")
+    o = records_of(records, "oom")[0]
+    expect_equal((o["request_bytes"], o["verdict"]), (2 << 30, "exhausted"), "the oom record")
+
+
+@case
+def case_nvtx_without_a_tool_writes_no_marker_and_changes_nothing(tmp):
+    # NVTX's first call finds no NVTX_INJECTION64_PATH: nothing is loaded, nothing marked, and
+    # the program, its exit status and the log's figures are those of a run with the tool.
+    args = [program("oom_exit")]
+    extra = {}
+    native = run(args, False, tmp, extra)
+    expect_equal((native.rc, native.out), (3, "allocation failed: cudaErrorMemoryAllocation\n"), "native run")
+    figures = {}
+    for injected in (False, True):
+        folder = os.path.join(tmp, "tool" if injected else "none")
+        os.makedirs(folder)
+        shim, markers = nvtx_run(folder, args, extra, injected)
+        compare(args, native, shim)
+        expect_equal(os.path.exists(markers), injected, f"a marker file, tool {injected}")
+        if injected:
+            expect(nvtx_oom(2 << 30, "2.0 GiB", "exhausted")[0] in nvtx_lines(markers, "poolshim"), "the oom mark")
+        records = one_log(folder)
+        _, d = exit_device(records)
+        o = records_of(records, "oom")[0]
+        figures[injected] = (o["request_bytes"], o["verdict"], o["live_bytes"], d["ooms"], d["oom_retries"],
+                             d["failed_allocs"], d["cache_misses"])
+    expect_equal(figures[False], figures[True], "the log's figures without and with the tool")
+    expect_equal(figures[False][:4], (2 << 30, "exhausted", MiB, 1), "request, verdict, live bytes, ooms")
+
+
 def main():
     global BUILD
     parser = argparse.ArgumentParser()
