@@ -1173,7 +1173,10 @@ std::uint64_t Router::trim_idle(int device, std::uint64_t keep_reserved) {
   if (heap.waiting(pool->fences().completed()) && !capture_in_progress()) {
     synchronize_as_fence(*pool, nvtx_marks::Wait::idle_trim);
   }
-  return_cache(*pool, keep_reserved);
+  // Pages of paged arenas go straight back to the driver (cuMemUnmap/cuMemRelease), not
+  // through the pool: they count as given back, or an idle trim that returned only pages would
+  // read as "nothing left to give" and stop the next ticks, leaving a page's worth cached.
+  const std::uint64_t returned = return_cache(*pool, keep_reserved);
   const std::uint64_t released = nvtx_marks::trim(nvtx_marks::Trim::idle, device,
                                                   [&] { return pool->trim_to(keep_reserved); });
   if (released > 0) {
@@ -1181,7 +1184,7 @@ std::uint64_t Router::trim_idle(int device, std::uint64_t keep_reserved) {
     s.bump(&CounterShard::idle_trims);
     s.bump(&CounterShard::idle_trimmed_bytes, released);
   }
-  return released;
+  return returned + released;
 }
 
 std::vector<LiveAllocation> Router::live_allocations() const {

@@ -209,7 +209,8 @@ class Router {
   std::vector<int> active_devices() const;
   DeviceSnapshot snapshot(int device) const;
   /// Releases unused memory of `device`'s pool until it holds fewer than `keep_reserved`
-  /// bytes; counts it as an idle trim. Returns the bytes given back.
+  /// bytes; counts it as an idle trim. Returns the bytes given back: the heap's (free segments
+  /// to the pool, free pages to the driver) and the pool's.
   std::uint64_t trim_idle(int device, std::uint64_t keep_reserved);
   /// Moves the heap on at time `now` (monotonic ns): turns its arenas' activity period
   /// (arena_activity.h), polls the device's event fence in flight and gives whole free segments

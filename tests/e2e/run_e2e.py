@@ -1770,6 +1770,22 @@ def case_nvtx_marks_idle_trims_and_the_oom_record_wait_beside_the_application_do
 
 
 @case
+def case_idle_trims_give_back_a_paged_arenas_last_page(tmp):
+    """An idle trim that gives back only pages of a paged arena (straight to the driver, 0 bytes
+    from the pool's own trim) is still progress: the next ticks go on until nothing is held.
+    (Before, it read as 'nothing left' and 20 MiB, one page, stayed reserved to the end.)"""
+    shim = run([program("free_then_idle"), "8", "1500"], True, tmp,
+               {"POOLSHIM_PAGE": "20M", "POOLSHIM_IDLE_TRIM_MS": "100", "POOLSHIM_FREE": "sync"})
+    expect_equal((shim.rc, shim.out), (0, "free_then_idle: 8 blocks of 4 MiB freed, idle 1500 ms\n"), "run")
+    records = one_log(tmp)
+    _, d = exit_device(records)
+    # 32 MiB of blocks in two pages of 20 MiB: each tick halves the excess, a page at a time.
+    expect_equal(d["reserved_bytes_peak"], 40 * MiB, "reserved peak: two pages")
+    expect_equal((d["reserved_bytes"], d["cached_bytes"], d["cache_returns"]), (0, 0, 2),
+                 "reserved, cached and cache returns at exit")
+
+
+@case
 def case_nvtx_without_a_tool_writes_no_marker_and_changes_nothing(tmp):
     # NVTX's first call finds no NVTX_INJECTION64_PATH: nothing is loaded, nothing marked, and
     # the program, its exit status and the log's figures are those of a run with the tool.
