@@ -719,6 +719,76 @@ class Suite:
                 f"{ex['pooled_allocs']} allocations pooled; losses identical; cached losses equal too: {cached == uncached}")
 
 
+    # ---- issue 17: a PyTorch run's event log, replayed and viewed -------------------------
+    def events_case(self):
+        """GPT-2 (tests/gpu/gpt2_train.py, PyTorch's caching off) under the shim's defaults with
+        POOLSHIM_EVENTS and call sites: the log replays through poolshim-replay with the recorded
+        options to the live run's reserved peak within 10%, and with a second option set; the
+        event log exports as a memory_viz snapshot that memory_viz_check.py reads; the HTML page
+        of the run is written. The log, the page and the replay's JSON stay in OUT/events/."""
+        folder = self.logdir("events-gpt2")
+        keep = os.path.join(self.out, "events")
+        os.makedirs(keep, exist_ok=True)
+        env = with_shim(self.env({"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "PYTHONUNBUFFERED": "1",
+                                  "POOLSHIM_EVENTS": os.path.join(folder, "events-%p.csv"),
+                                  "POOLSHIM_BACKTRACE": "8"}),
+                        self.library, os.path.join(folder, "log-%p.jsonl"))
+        r = run_process([sys.executable, os.path.join(HERE, "gpt2_train.py"), "--steps", "12", "--warmup", "2"], env, 400)
+        expect_equal(r.rc, 0, f"gpt2 under the shim with the event log\n{r.describe()}")
+        logs = {p: poolshim_log.read_log(p) for p in logs_in(folder)}
+        main = [p for p, l in logs.items() if exit_record(l)["pooled_allocs"] > 0]
+        expect_equal(len(main), 1, "logs with pooled allocations")
+        log_path = main[0]
+        records = logs[log_path]
+        start = records_of(records, "start")[0]
+        ex, d = exit_device(records)
+        events = os.path.join(folder, f"events-{start['pid']}.csv")
+        expect(os.path.exists(events), f"no event log {events}: {os.listdir(folder)}")
+        expect_equal(ex["event_log_dropped"], 0, "event log records dropped")
+        with open(events) as f:
+            rows = sum(1 for _ in f) - 1
+        expect_equal(rows, ex["event_log_written"], "rows of the event log against event_log_written")
+        recorded = f"free={start['free_mode']}"
+        replay_json = os.path.join(keep, "replay.json")
+        replay_env = dict(self.env(), POOLSHIM_BUILD_DIR=self.build)
+        rp = run_process([sys.executable, os.path.join(ROOT, "scripts", "poolshim-replay"), events,
+                          "--conf", recorded, "--conf", "free=sync,cache=0", "--json", replay_json],
+                         replay_env, 600)
+        expect_equal(rp.rc, 0, f"poolshim-replay\n{rp.describe()}")
+        runs = json.load(open(replay_json))["runs"]
+        live = d["reserved_bytes_peak"]
+        replayed = runs[0]["reserved_bytes_peak"]
+        ratio = replayed / live
+        expect_equal(runs[0]["requested_bytes_peak"], d["requested_bytes_peak"], "replayed requested peak")
+        expect(abs(ratio - 1) <= 0.10, f"replayed reserved peak {replayed} against live {live}: {ratio:.3f}")
+        snap = os.path.join(keep, "gpt2.pickle")
+        report = os.path.join(ROOT, "scripts", "poolshim-report")
+        mv = run_process([sys.executable, report, "--quiet", "--memory-viz", snap, "--events", events, log_path],
+                         self.env(), 300)
+        expect_equal(mv.rc, 0, f"--memory-viz\n{mv.describe()}")
+        check = run_process([sys.executable, os.path.join(HERE, "memory_viz_check.py"), snap], self.env(), 300)
+        expect_equal(check.rc, 0, f"memory_viz_check.py\n{check.describe()}")
+        html = os.path.join(keep, "gpt2-report.html")
+        page = run_process([sys.executable, report, "--quiet", "--html", html, log_path], self.env(), 300)
+        expect_equal(page.rc, 0, f"--html\n{page.describe()}")
+        text = run_process([sys.executable, report, log_path], self.env(), 300)
+        with open(os.path.join(keep, "gpt2-report.txt"), "w") as f:
+            f.write(text.out)
+        with open(log_path) as src, open(os.path.join(keep, "gpt2.jsonl"), "w") as dst:
+            dst.write(src.read())
+        with open(os.path.join(keep, "memory_viz_check.txt"), "w") as f:
+            f.write(check.out)
+        with open(os.path.join(keep, "replay.txt"), "w") as f:
+            f.write(rp.out + rp.err)
+        self.results["measurements"]["events"] = {
+            "rows": rows, "live_reserved_peak": live, "live_requested_peak": d["requested_bytes_peak"],
+            "recorded": recorded, "replayed_reserved_peak": replayed, "ratio": ratio,
+            "second": runs[1]["options"], "second_reserved_peak": runs[1]["reserved_bytes_peak"]}
+        return (f"{rows} rows; live reserved peak {live / 2**20:.1f} MiB, replayed ({recorded}) "
+                f"{replayed / 2**20:.1f} MiB ({ratio:.3f}x); {runs[1]['options']}: "
+                f"{runs[1]['reserved_bytes_peak'] / 2**20:.1f} MiB; memory_viz snapshot checked")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--build", required=True)
@@ -728,6 +798,8 @@ def main():
     parser.add_argument("--jax", action="store_true", help="also run JAX (about 45 s)")
     parser.add_argument("--only-ipc", action="store_true", help="only the legacy IPC cases (issue 14)")
     parser.add_argument("--only-observe", action="store_true", help="only the observe-mode cases (issue 15)")
+    parser.add_argument("--only-events", action="store_true",
+                        help="only the event log's replay and memory_viz export of a GPT-2 run (issue 17)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     suite = Suite(os.path.realpath(args.build), os.path.realpath(args.out))
@@ -738,13 +810,16 @@ def main():
     suite.results["gpu"] = gpu
     print(f"GPU: {gpu}")
     suite.compile_all()
-    only = args.only_ipc or args.only_observe
+    only = args.only_ipc or args.only_observe or args.only_events
     if not only:
         suite.run_differential_cases()
-    if not args.only_observe:
+    if not (args.only_observe or args.only_events):
         suite.run_ipc_cases()
-    if not args.only_ipc:
+    if not (args.only_ipc or args.only_events):
         suite.run_observe_cases()
+    if not (args.only_ipc or args.only_observe or args.skip_torch):
+        suite.case("issue 17: a GPT-2 run's event log replays to its reserved peak; memory_viz export",
+                   suite.events_case)
     if not args.skip_bench and not only:
         suite.case("measure: churn, cudaMalloc/cudaFree with and without the shim", suite.bench_churn)
     if not args.skip_torch and not only:
