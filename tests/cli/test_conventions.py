@@ -32,7 +32,7 @@ USAGE = {
     "bench": "usage: scripts/bench [--out DIR] [--quick] [--only WORKLOAD,...] [--no-build]",
     "test": "usage: scripts/test [--sanitize address|thread] [CTEST_ARGS...]",
     "build": "usage: scripts/build [CMAKE_ARGS...]",
-    "gpu-test": "usage: scripts/gpu-test [--skip-bench] [--skip-torch] [--jax] [--only-ipc] [--only-observe]",
+    "gpu-test": "usage: scripts/gpu-test [--skip-bench] [--skip-torch] [--jax] [--only-ipc] [--only-observe] [--only-events]",
     "poolshim": "usage: poolshim [--log PATH] [--conf k=v,...] [--observe] [--verbose] [--no-summary] [--] command "
                 "[args...]",
     "poolshim-report": "usage: poolshim-report [-h] [--version] [--full] [--html FILE]",
