@@ -453,8 +453,8 @@ def run_section(run, data):
                    f'allocations at {esc(fmt_seconds(pc.get("t")))}</span></h3>')
         out.append(f'<p class="muted small">The live allocations when the shim saw the most live bytes '
                    f'(it looks every 50 ms); the requested peak was {esc(fmt_bytes_or_none(peak))}.</p>')
-        sites = pc.get("by_site") or []
-        if any(s.get("site") for s in sites):
+        sites = d.peak_sites
+        if sites:
             out.append(_sites_table("peak-sites", ["bytes", "allocations"], sites,
                                     lambda s: [esc(fmt_bytes_or_none(s.get("bytes"))), esc(fmt_count(s.get("count")))],
                                     numeric=(0, 1)))

@@ -367,6 +367,12 @@ class Device:
         bytes, by call site), or None."""
         return (self.exit_row or {}).get("peak_consumers")
 
+    @property
+    def peak_sites(self):
+        """The peak consumers' rows by call site when call sites were recorded, else []."""
+        sites = (self.peak_consumers or {}).get("by_site") or []
+        return sites if any(s.get("site") for s in sites) else []
+
 
 class Run:
     """One process run: the records of one pid between a start record and an exit record."""

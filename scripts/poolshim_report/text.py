@@ -293,8 +293,8 @@ def _peak_lines(run, full):
         lines.append(f"  peak consumers on device {d.device}: {fmt_bytes_or_none(pc.get('live_bytes'))} in "
                      f"{fmt_count(pc.get('live_allocs'))} allocation{'s' if pc.get('live_allocs') != 1 else ''} "
                      f"at {fmt_seconds(pc.get('t'))} (requested peak {fmt_bytes_or_none(peak)})")
-        sites = pc.get("by_site") or []
-        if any(s.get("site") for s in sites):
+        sites = d.peak_sites
+        if sites:
             lines.extend(_site_table(sites, ["bytes", "count"],
                                      lambda s: [fmt_bytes_or_none(s.get("bytes")), fmt_count(s.get("count"))],
                                      full, SHORT_LIMITS["leak_sites"], WIDTH - 20))
