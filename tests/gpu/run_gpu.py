@@ -19,6 +19,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -748,7 +749,10 @@ class Suite:
         with open(events) as f:
             rows = sum(1 for _ in f) - 1
         expect_equal(rows, ex["event_log_written"], "rows of the event log against event_log_written")
-        recorded = f"free={start['free_mode']}"
+        # free_mode is a sentence ("free=auto: ordered, PyTorch's ... is loaded"): the mode it chose.
+        chosen = re.search(r"\b(sync|ordered)\b", start["free_mode"].split(":", 1)[-1])
+        expect(chosen is not None, f"no free mode in {start['free_mode']!r}")
+        recorded = f"free={chosen.group(1)}"
         replay_json = os.path.join(keep, "replay.json")
         replay_env = dict(self.env(), POOLSHIM_BUILD_DIR=self.build)
         rp = run_process([sys.executable, os.path.join(ROOT, "scripts", "poolshim-replay"), events,
