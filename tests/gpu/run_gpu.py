@@ -763,7 +763,10 @@ class Suite:
         live = d["reserved_bytes_peak"]
         replayed = runs[0]["reserved_bytes_peak"]
         ratio = replayed / live
-        expect_equal(runs[0]["requested_bytes_peak"], d["requested_bytes_peak"], "replayed requested peak")
+        # Not exact: rows of several threads come in one order, the counters' peak in another.
+        requested = runs[0]["requested_bytes_peak"] / d["requested_bytes_peak"]
+        expect(abs(requested - 1) <= 0.001, f"replayed requested peak {runs[0]['requested_bytes_peak']} "
+               f"against live {d['requested_bytes_peak']}")
         expect(abs(ratio - 1) <= 0.10, f"replayed reserved peak {replayed} against live {live}: {ratio:.3f}")
         snap = os.path.join(keep, "gpt2.pickle")
         report = os.path.join(ROOT, "scripts", "poolshim-report")
