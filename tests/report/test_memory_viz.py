@@ -272,6 +272,37 @@ class RealLog(unittest.TestCase):
                                    "History 17 events, up to 8 segments and 8 blocks")
 
 
+class CheckerSelfCheck(unittest.TestCase):
+    """The viewer's checker can fail: the two ways a block ends up in no segment, as
+    Allocator State History's find_segment would fail on them."""
+
+    SEGMENT = {"device": 0, "address": 0x1000, "total_size": 4096, "stream": 0, "frames": [],
+               "blocks": [{"size": 4096, "requested_size": 4096, "state": "active_allocated", "frames": []}]}
+
+    def history(self, trace, segments=None):
+        snap = {"segments": [self.SEGMENT] if segments is None else segments, "device_traces": [trace]}
+        return memory_viz_check.state_history(snap, 0)
+
+    def test_a_consistent_trace_passes_with_its_counts(self):
+        trace = [{"action": "segment_alloc", "addr": 0x1000, "size": 4096},
+                 {"action": "alloc", "addr": 0x1000, "size": 4096}]
+        self.assertEqual(self.history(trace), {"events": 2, "most_segments": 1, "most_blocks": 1})
+
+    def test_a_freed_block_outside_every_segment_fails(self):
+        trace = [{"action": "segment_alloc", "addr": 0x1000, "size": 4096},
+                 {"action": "alloc", "addr": 0x9000, "size": 512},
+                 {"action": "free", "addr": 0x9000, "size": 512}]
+        with self.assertRaisesRegex(memory_viz_check.CheckError, "block at 0x9000 lies in no segment"):
+            self.history(trace)
+
+    def test_a_block_allocated_before_its_segment_fails(self):
+        trace = [{"action": "snapshot", "addr": 0, "size": 0},
+                 {"action": "alloc", "addr": 0x1000, "size": 4096},
+                 {"action": "segment_alloc", "addr": 0x1000, "size": 4096}]
+        with self.assertRaisesRegex(memory_viz_check.CheckError, "at event 1: the block at 0x1000 lies in no segment"):
+            self.history(trace)
+
+
 class Frames(unittest.TestCase):
     def test_addr2line_place_gives_file_and_line(self):
         frame = {"module": APP, "offset": 0x41A2C, "function": "Model::forward()", "function_offset": 0x2C,
