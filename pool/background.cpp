@@ -491,10 +491,9 @@ void BackgroundWorker::run() {
   }
   const std::uint64_t sample_ms = router_.config().sample_ms;
   const std::uint64_t tick_ms = sample_ms > 0 ? std::min(sample_ms, kMaxTickMs) : kMaxTickMs;
-  // With the event log on, the thread wakes every kEventDrainMs to drain its queue, and ticks
-  // on the same schedule as without it: every tick_ms, or at once when an event is queued.
-  // Between ticks the thread wakes every kPeakPollMs to look for new peaks (peek), and with
-  // the event log on every kEventDrainMs to drain its queue; an event queued wakes it at once.
+  // The thread ticks every tick_ms, or at once when an event is queued. Between ticks it wakes
+  // every kPeakPollMs to look for new peaks (peek), and with the event log on every
+  // kEventDrainMs to drain its queue.
   const bool draining = event_log_ != nullptr && !events_at_exit_only_;
   const std::uint64_t wait_ms =
       std::min({tick_ms, kPeakPollMs, draining ? kEventDrainMs : kPeakPollMs});
