@@ -232,6 +232,14 @@ def footprint_targets(raw):
             if row and row["reserved_over_live"] is not None:
                 out.append(f"   churn 64 live, {name}: pool reserved peak {row['reserved_over_live']:.3f}x the live "
                            f"peak (target <= 1.10x): {verdict(row['reserved_over_live'] <= 1.10)}")
+        # Issue 13: speed-ups no lower than before it (sync 28x, ordered 52x the native pair).
+        native = c["rows"].get(NATIVE)
+        for name, least in ((C_DEFAULT, 28.0), (C_ORDERED, 52.0)):
+            row = c["rows"].get(name)
+            if native and row and native["speed"] and row["speed"]:
+                x = native["speed"] / row["speed"]
+                out.append(f"   churn 64 live, {name}: {x:.1f}x faster than native ({native['speed']:.3f} / "
+                           f"{row['speed']:.3f} us a pair; target >= {least:.0f}x): {verdict(x >= least)}")
     return out
 
 

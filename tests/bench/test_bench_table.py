@@ -185,6 +185,8 @@ class Targets(unittest.TestCase):
             "async: shim cudaMallocAsync+cudaFreeAsync at most 1.05x direct cudaMallocFromPoolAsync":
                 (bt.NOT_MET, 1.125),
             "threads: shim aggregate at 8 threads at least 4x the 1-thread direct-pool rate": (bt.MET, 4.0),
+            "threads (issue 13): shim aggregate at 8 threads at least 4x the shim's own 1-thread rate":
+                (bt.NOT_MET, 1.5),
             "threads: shim at least the direct pool's rate at every thread count": (bt.NOT_MET, 0.5),
             "PyTorch uncached + shim ordered: step time at most 1.0x PyTorch's native caching allocator":
                 (bt.MET, 14.0 / 15.0),
@@ -201,6 +203,8 @@ class Targets(unittest.TestCase):
                          "lowest 0.500 at threads 16")
         self.assertEqual(v["threads: shim aggregate at 8 threads at least 4x the 1-thread direct-pool rate"]["figure"],
                          "4.00x (shim sync threads 8: 3.000 / direct pool threads 1: 0.750)")
+        self.assertEqual(v["threads (issue 13): shim aggregate at 8 threads at least 4x the shim's own 1-thread "
+                           "rate"]["figure"], "1.50x (shim sync threads 8: 3.000 / shim sync threads 1: 2.000)")
         self.assertEqual(v["POOLSHIM_BACKTRACE=8 costs at most 1.5 us per allocation (churn 64 live)"]["figure"],
                          "+1.50 us per allocation (observability: churn 64 live, backtrace 8)")
 
@@ -228,7 +232,7 @@ class Targets(unittest.TestCase):
     def test_targets_section(self):
         text = bt.render_targets(bt.evaluate_targets(bt.ISSUE_TARGETS[:3], bt.all_rows(GROUPS, samples())))
         self.assertEqual(text.splitlines(), [
-            "== targets (issue 6)",
+            "== targets (issue 6; one of issue 13)",
             "   MET      churn 64 live: shim sync at least 10x faster than native: 10.00x (churn 64 live, shim sync)",
             "   MET      churn 64 live: shim ordered at least 30x faster than native: "
             "32.00x (churn 64 live, shim ordered)",
@@ -301,6 +305,27 @@ class LossesVerdict(unittest.TestCase):
 
     def test_shim_differs(self):
         self.assertTrue(memory_sections._losses_verdict([["a"], ["a"]], [["a"], ["a"], ["b"]]).startswith("DIFFER"))
+
+
+class FootprintTargets(unittest.TestCase):
+    """Issue 13's churn targets, from a footprint section's rows (the H100 figures of 2026-12-07)."""
+
+    def test_churn_speed_ups_and_reserved_peaks(self):
+        def row(speed, reserved_over_live):
+            return {"speed": speed, "reserved_over_live": reserved_over_live, "over_uncached": None}
+        raw = {"churn": {"rows": {memory_sections.NATIVE: row(40.515, None),
+                                  memory_sections.C_DEFAULT: row(1.292, 1.173),
+                                  memory_sections.C_ORDERED: row(0.7, 1.157)}}}
+        self.assertEqual(memory_sections.footprint_targets(raw), [
+            "targets (issue 13):",
+            "   churn 64 live, poolshim defaults (auto: sync): pool reserved peak 1.173x the live peak "
+            "(target <= 1.10x): NOT MET",
+            "   churn 64 live, poolshim ordered: pool reserved peak 1.157x the live peak (target <= 1.10x): NOT MET",
+            "   churn 64 live, poolshim defaults (auto: sync): 31.4x faster than native (40.515 / 1.292 us a pair; "
+            "target >= 28x): met",
+            "   churn 64 live, poolshim ordered: 57.9x faster than native (40.515 / 0.700 us a pair; "
+            "target >= 52x): met",
+        ])
 
 
 if __name__ == "__main__":
