@@ -1,6 +1,7 @@
 #include "allocation_table.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -9,12 +10,13 @@ namespace poolshim {
 
 namespace {
 
-// Slots of a new shard: 256 (16 KiB; 1 MiB for the 64 shards), so that the table of a program
-// with few live allocations stays in the CPU's caches. The heap hands out ever-changing
-// addresses, which land on random slots: with 8192 slots a shard (32 MiB in all) every insert
-// and lookup missed the caches (a third of a cudaMallocAsync+cudaFreeAsync pair's time, over
-// the CPU double). A shard doubles when half full.
-constexpr std::size_t kInitialCapacity = 256;
+// Slots of a new shard: 64 (4 KiB, a page; 4 MiB of address space for the 1024 shards, of which
+// only the shards in use take memory), so that the table of a program with few live
+// allocations stays in the CPU's caches. The heap hands out ever-changing addresses, which land
+// on random slots of their shard: with 8192 slots a shard (32 MiB in all) every insert and
+// lookup missed the caches (a third of a cudaMallocAsync+cudaFreeAsync pair's time, over the
+// CPU double). A shard doubles when half full.
+constexpr std::size_t kInitialCapacity = 64;
 
 void* map_slots(std::size_t count, std::size_t slot_size) {
   void* p =
@@ -26,14 +28,21 @@ void* map_slots(std::size_t count, std::size_t slot_size) {
 }  // namespace
 
 AllocationTable::AllocationTable() {
-  for (auto& s : shards_) {
+  // One mapping for every shard's first slots: 1024 mappings would cost the process as many
+  // of its map areas.
+  initial_ = static_cast<Slot*>(map_slots(kShards * kInitialCapacity, sizeof(Slot)));
+  for (int i = 0; i < kShards; ++i) {
+    Shard& s = shards_[i];
     s.capacity = kInitialCapacity;
-    s.slots = static_cast<Slot*>(map_slots(s.capacity, sizeof(Slot)));  // zero-filled
+    s.slots = initial_ + static_cast<std::size_t>(i) * kInitialCapacity;  // zero-filled
   }
 }
 
 AllocationTable::~AllocationTable() {
-  for (auto& s : shards_) munmap(s.slots, s.capacity * sizeof(Slot));
+  for (auto& s : shards_) {
+    if (s.capacity != kInitialCapacity) munmap(s.slots, s.capacity * sizeof(Slot));
+  }
+  munmap(initial_, kShards * kInitialCapacity * sizeof(Slot));
 }
 
 std::uint64_t AllocationTable::hash(std::uintptr_t ptr) {
@@ -47,8 +56,12 @@ std::uint64_t AllocationTable::hash(std::uintptr_t ptr) {
   return x;
 }
 
-AllocationTable::Shard& AllocationTable::shard_for(Shard* shards, std::uint64_t h) {
-  return shards[h >> 58];  // top 6 bits: 64 shards; the low bits index slots
+std::size_t AllocationTable::shard_index(std::uintptr_t ptr) {
+  // A granule's blocks share a shard. The granule number's low bits pick it, so that the
+  // granules of one 2 GiB-aligned range all differ; the higher bits are folded in, so that
+  // segments at the same offset of different ranges (a pool's reservations) spread too.
+  const std::uint64_t g = static_cast<std::uint64_t>(ptr) >> 21;
+  return static_cast<std::size_t>((g ^ (g >> 10) ^ (g >> 20) ^ (g >> 30)) & (kShards - 1));
 }
 
 void AllocationTable::insert_unlocked(Shard& s, std::uintptr_t key, const Allocation& value,
@@ -70,7 +83,15 @@ void AllocationTable::grow(Shard& s) {
   for (std::size_t i = 0; i < old_capacity; ++i) {
     if (old[i].key != 0) insert_unlocked(s, old[i].key, old[i].value, hash(old[i].key));
   }
-  munmap(old, old_capacity * sizeof(Slot));
+  if (old_capacity == kInitialCapacity) {
+    // Part of the shared first mapping: its memory goes back (where it is whole pages), its
+    // addresses stay reserved until the table goes.
+    static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const std::size_t bytes = old_capacity * sizeof(Slot);
+    if (bytes % page == 0) madvise(old, bytes, MADV_DONTNEED);
+  } else {
+    munmap(old, old_capacity * sizeof(Slot));
+  }
 }
 
 // Backward-shift deletion keeps linear probing free of tombstones.
@@ -94,7 +115,7 @@ void AllocationTable::erase_at(Shard& s, std::size_t index) {
 
 void AllocationTable::insert(std::uintptr_t ptr, const Allocation& a) {
   const std::uint64_t h = hash(ptr);
-  Shard& s = shard_for(shards_, h);
+  Shard& s = shard_of(ptr);
   std::lock_guard<SpinLock> guard(s.lock);
   if ((s.count + 1) * 2 > s.capacity) grow(s);  // keep the load under one half
   insert_unlocked(s, ptr, a, h);
@@ -111,7 +132,7 @@ AllocationTable::Slot* AllocationTable::slot_of(const Shard& s, std::uintptr_t k
 
 std::optional<Allocation> AllocationTable::take(std::uintptr_t ptr) {
   const std::uint64_t h = hash(ptr);
-  Shard& s = shard_for(shards_, h);
+  Shard& s = shard_of(ptr);
   std::lock_guard<SpinLock> guard(s.lock);
   Slot* slot = slot_of(s, ptr, h);
   if (slot == nullptr) return std::nullopt;
@@ -122,7 +143,7 @@ std::optional<Allocation> AllocationTable::take(std::uintptr_t ptr) {
 
 std::optional<Allocation> AllocationTable::find(std::uintptr_t ptr) const {
   const std::uint64_t h = hash(ptr);
-  const Shard& s = shards_[h >> 58];
+  const Shard& s = shard_of(ptr);
   std::lock_guard<SpinLock> guard(s.lock);
   const Slot* slot = slot_of(s, ptr, h);
   if (slot == nullptr) return std::nullopt;
@@ -131,7 +152,7 @@ std::optional<Allocation> AllocationTable::find(std::uintptr_t ptr) const {
 
 std::optional<Allocation> AllocationTable::add_flags(std::uintptr_t ptr, std::uint32_t flags) {
   const std::uint64_t h = hash(ptr);
-  Shard& s = shard_for(shards_, h);
+  Shard& s = shard_of(ptr);
   std::lock_guard<SpinLock> guard(s.lock);
   Slot* slot = slot_of(s, ptr, h);
   if (slot == nullptr) return std::nullopt;

@@ -1,7 +1,9 @@
 // The table of live pooled allocations: device pointer -> what we know about it. Sharded by
-// pointer hash with one small lock per shard, so that threads freeing different pointers do
-// not contend and no lock is process-wide. Slots live in mmap'd memory that grows by doubling
-// under the shard lock: steady-state inserts and removals never allocate.
+// the pointer's 2 MiB granule with one small lock per shard, so that no lock is process-wide
+// and a thread's allocations, which come from its own arena's segments (DESIGN §7), mostly
+// land on shards no other thread touches: a pair then finds the shard's lock and slots in its
+// own CPU's cache. Slots live in mmap'd memory that grows by doubling under the shard lock:
+// steady-state inserts and removals never allocate.
 #pragma once
 
 #include <cstddef>
@@ -31,7 +33,7 @@ struct Allocation {
 
 class AllocationTable {
  public:
-  static constexpr int kShards = 64;
+  static constexpr int kShards = 1024;
 
   AllocationTable();
   ~AllocationTable();
@@ -52,6 +54,8 @@ class AllocationTable {
   /// Calls `visit` for every record, one shard locked at a time.
   void for_each(const std::function<void(std::uintptr_t, const Allocation&)>& visit) const;
   std::size_t size() const;
+  /// The shard of `ptr`: its 2 MiB granule's (the granule number's bits folded to 10).
+  static std::size_t shard_index(std::uintptr_t ptr);
 
  private:
   struct Slot {
@@ -66,7 +70,8 @@ class AllocationTable {
   };
 
   static std::uint64_t hash(std::uintptr_t ptr);
-  static Shard& shard_for(Shard* shards, std::uint64_t h);
+  Shard& shard_of(std::uintptr_t ptr) { return shards_[shard_index(ptr)]; }
+  const Shard& shard_of(std::uintptr_t ptr) const { return shards_[shard_index(ptr)]; }
   static void grow(Shard& s);
   static void insert_unlocked(Shard& s, std::uintptr_t key, const Allocation& value,
                               std::uint64_t h);
@@ -75,6 +80,7 @@ class AllocationTable {
   static Slot* slot_of(const Shard& s, std::uintptr_t key, std::uint64_t h);
 
   Shard shards_[kShards];
+  Slot* initial_ = nullptr;  // every shard's first slots, one mapping
 };
 
 }  // namespace poolshim

@@ -61,7 +61,7 @@ constexpr int kOomVerdicts = 3;
 constexpr const char* kOomVerdictNames[kOomVerdicts] = {"exhausted", "cap", "fragmentation"};
 
 /// How far a shard's part of each gauge may run ahead of the shared sum (Gauge).
-constexpr std::int64_t kRequestedBytesBatch = std::int64_t{1} << 20;
+constexpr std::int64_t kRequestedBytesBatch = std::int64_t{16} << 20;
 constexpr std::int64_t kLiveAllocsBatch = 16;
 
 /// Buckets of the size histogram: bucket k counts live allocations of [2^k, 2^(k+1)) bytes.
@@ -136,8 +136,9 @@ struct Gauge {
   }
 
   const std::int64_t batch;
-  std::atomic<std::int64_t> sum{0};  // the parts' published changes
-  mutable std::atomic<std::uint64_t> peak{0};
+  // Lines of their own: every allocation reads both, and a publish or a new peak writes one.
+  alignas(64) std::atomic<std::int64_t> sum{0};  // the parts' published changes
+  alignas(64) mutable std::atomic<std::uint64_t> peak{0};
 };
 
 struct GaugeValue {

@@ -12,20 +12,22 @@ using namespace poolshim;
 
 namespace {
 constexpr std::uint64_t KiB = 1024;
-}
+constexpr std::uint64_t MiB = 1024 * KiB;
+}  // namespace
 
 TEST_CASE("gauge: one thread's changes give the exact current value and peak") {
   DeviceStats s;
-  s.on_alloc(700 * KiB);
-  CHECK(s.requested_bytes.sum.load() == 0);  // below the 1 MiB batch: nothing shared written
-  s.on_alloc(500 * KiB);
-  CHECK(s.requested_bytes.sum.load() == 1200 * KiB);  // the batch reached: published
-  s.on_free(700 * KiB);
-  s.on_alloc(300 * KiB);
+  s.on_alloc(12 * MiB);
+  CHECK(s.requested_bytes.sum.load() == 0);  // below the 16 MiB batch: nothing shared written
+  s.on_alloc(5 * MiB);
+  CHECK(s.requested_bytes.sum.load() == 17 * MiB);  // the batch reached: published
+  s.on_free(12 * MiB);
+  s.on_alloc(3 * MiB);
   const StatsSnapshot snap = take_snapshot(s);
-  CHECK(snap.requested_bytes.current == 800 * KiB);
-  CHECK(snap.requested_bytes.peak == 1200 * KiB);
-  CHECK(snap.requested_bytes.total == 1500 * KiB);
+  CHECK(s.requested_bytes.sum.load() == 17 * MiB);  // 9 MiB under it: not yet published
+  CHECK(snap.requested_bytes.current == 8 * MiB);
+  CHECK(snap.requested_bytes.peak == 17 * MiB);
+  CHECK(snap.requested_bytes.total == 20 * MiB);
   CHECK(snap.live_allocs.current == 2);
   CHECK(snap.live_allocs.peak == 2);
   CHECK(snap.live_allocs.total == 3);

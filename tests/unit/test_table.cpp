@@ -42,7 +42,7 @@ TEST_CASE("table: a pointer never inserted is not found") {
 
 TEST_CASE("table: grows past its initial capacity and keeps every entry") {
   AllocationTable t;
-  constexpr std::uintptr_t kCount = 200000;  // > 64 shards x 8192 slots / 2 in places
+  constexpr std::uintptr_t kCount = 200000;  // 49 granules: about 4096 entries a shard
   for (std::uintptr_t i = 1; i <= kCount; ++i) t.insert(i << 9, make(i, 0));
   CHECK(t.size() == kCount);
   for (std::uintptr_t i = 1; i <= kCount; i += 997) {
@@ -51,6 +51,28 @@ TEST_CASE("table: grows past its initial capacity and keeps every entry") {
   }
   for (std::uintptr_t i = 1; i <= kCount; ++i) REQUIRE(t.take(i << 9));
   CHECK(t.size() == 0);
+}
+
+TEST_CASE("table: the blocks of one 2 MiB granule share a shard, and granules spread") {
+  constexpr std::uintptr_t kBase = 0x7f0000000000;  // 2 MiB aligned
+  constexpr std::uintptr_t kGranule = std::uintptr_t{2} << 20;
+  const std::size_t first = AllocationTable::shard_index(kBase);
+  CHECK(AllocationTable::shard_index(kBase + 512) == first);
+  CHECK(AllocationTable::shard_index(kBase + kGranule - 512) == first);
+  CHECK(AllocationTable::shard_index(kBase + kGranule) != first);
+  // A thread's arena holds a few segments; the 1024 granules of a 2 GiB-aligned range use every
+  // shard once, and the first granule of each of 1024 such ranges (a pool's reservations, say)
+  // 1024 shards too.
+  std::set<std::size_t> all;
+  std::set<std::size_t> some;
+  for (std::uintptr_t g = 0; g < 1024; ++g) {
+    const std::size_t s = AllocationTable::shard_index(kBase + g * kGranule);
+    CHECK(s < static_cast<std::size_t>(AllocationTable::kShards));
+    all.insert(s);
+    some.insert(AllocationTable::shard_index(kBase + (g << 31)));
+  }
+  CHECK(all.size() == 1024);
+  CHECK(some.size() == 1024);
 }
 
 TEST_CASE("table: removal keeps colliding entries reachable (backward shift)") {
