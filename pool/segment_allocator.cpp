@@ -185,8 +185,10 @@ void SegmentAllocator::remove_free(Arena& arena, Node* node) {
 }
 
 SegmentAllocator::Node* SegmentAllocator::search(Arena& arena, std::uint64_t size,
-                                                 std::uintptr_t affinity, std::uint64_t completed) {
+                                                 std::uintptr_t affinity, std::uint64_t completed,
+                                                 bool mapped_only) {
   auto usable = [&](const Node* n) {
+    if (mapped_only && n->segment->paged && !pages_->mapped(n->ptr, size)) return false;
     return (affinity != 0 && n->affinity == affinity) || n->ready_at <= completed;
   };
   int budget = kSearchBudget;
@@ -293,10 +295,12 @@ bool SegmentAllocator::allocate_from_free(std::uint64_t bytes, std::uintptr_t af
   const std::uint64_t size = rounded(bytes);
   Arena& arena = arena_for(size);
   std::lock_guard<SpinLock> guard(lock_);
-  Node* node = search(arena, size, affinity, completed);
+  // In the page map's range, only a block whose pages under the request are all mapped serves
+  // here, even where one that fits better is not: mapping pages for the better fit would take
+  // memory from other free blocks (once their fences complete) or the device. The rest is for
+  // allocate_paged(), which takes the best fit and maps what is missing.
+  Node* node = search(arena, size, affinity, completed, pages_ != nullptr);
   if (node == nullptr) return false;
-  // A block of the page map's range whose pages are not all mapped is for allocate().
-  if (node->segment->paged && !pages_->mapped(node->ptr, size)) return false;
   const std::uint64_t ready_at = node->ready_at;
   node = carve(arena, node, size);
   if (node->segment->paged) paged_allocated_.fetch_add(node->size, std::memory_order_relaxed);

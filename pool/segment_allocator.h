@@ -12,7 +12,8 @@
 //   arenas never share segments, so that small, short-lived blocks do not pin large segments;
 // - free blocks sit in bins of eight per power of two (TLSF's two-level index, one bitmap), so
 //   that a search is a few bit operations and a short list walk: the smallest fitting block of
-//   the request's own bin, else the first usable block of the next non-empty bins;
+//   the request's own bin, else the first usable block of the next non-empty bins (in the
+//   page map's range, a free block whose pages are mapped first, DESIGN §7);
 // - a block is split when the remainder is at least 512 bytes (small arena) or 1 MiB (large
 //   arena: smaller remainders of large blocks would only fragment it);
 // - block and segment descriptors come from mmap'd slabs and are recycled: in steady state
@@ -181,7 +182,10 @@ class SegmentAllocator {
   /// are ready at `completed`, highest first. Under the page map's mutex; takes the lock.
   std::uint64_t harvest(std::uint64_t want, std::uint64_t completed);
   std::uint64_t reserved_now() const;  // segments plus held pages (under the lock)
-  Node* search(Arena& arena, std::uint64_t size, std::uintptr_t affinity, std::uint64_t completed);
+  /// Best fit in the request's bin, else the first usable block of a later bin; with
+  /// `mapped_only`, a block of the page map's range only when its pages under `size` are mapped.
+  Node* search(Arena& arena, std::uint64_t size, std::uintptr_t affinity, std::uint64_t completed,
+               bool mapped_only = false);
   Node* carve(Arena& arena, Node* node, std::uint64_t size);
   /// The new segment's one free node; nullptr (and the segment given back) without descriptors.
   Node* add_segment(Arena& arena, CUdeviceptr base, std::uint64_t bytes, std::uintptr_t affinity,

@@ -156,6 +156,48 @@ TEST_CASE(
   CHECK(beside.excess == 0);
 }
 
+TEST_CASE(
+    "paged: a request takes a free block whose pages are mapped over a better fit whose pages "
+    "are not") {
+  CountingSource source;
+  CountingPhysical physical;
+  PageMap pages(physical, kPage, kSpan);
+  SegmentAllocator a(source, &pages, 0);
+  const Block a1 = take(a, 16 * MiB);  // [0, 16): pages 0-1
+  const Block s1 = take(a, 8 * MiB);   // [16, 24): page 2
+  const Block a2 = take(a, 24 * MiB);  // [24, 48): pages 3-5
+  const Block s2 = take(a, 8 * MiB);   // [48, 56): page 6
+  const CUdeviceptr base = pages.base();
+  a.free(a1, 0, 0);
+  // 24 MiB fit nowhere mapped: [56, 80), pages 7-9; with no slack a1's two pages move there.
+  const Block c = take(a, 24 * MiB);
+  CHECK(c.ptr == base + 56 * MiB);
+  REQUIRE(physical.unmaps.size() == 2);
+  CHECK_FALSE(pages.mapped(base, 16 * MiB));
+  a.free(a2, 0, 0);  // [24, 48) free, its pages mapped
+  const std::size_t maps = physical.maps.size();
+  const std::size_t created = physical.created.size();
+  // 12 MiB: a1's 16 MiB fit better (an earlier bin than a2's 24) but are unmapped; a2's mapped
+  // pages serve, and no page is mapped, moved or made.
+  const Block d = take(a, 12 * MiB);
+  CHECK(d.ptr == base + 24 * MiB);
+  CHECK(physical.maps.size() == maps);
+  CHECK(physical.unmaps.size() == 2);
+  CHECK(physical.created.size() == created);
+  CHECK(pages.mapped_bytes() == 64 * MiB);  // pages 2-9
+  CHECK(a.stats().allocated == 52 * MiB);   // s1, s2, c, d
+  // The unmapped block still serves when nothing mapped fits: 16 MiB at [0, 16), 12 MiB over
+  // the budget; the one page wholly inside a free block (page 5, in a2's rest [36, 48)) moves
+  // and one page is made.
+  const Block e = take(a, 16 * MiB);
+  CHECK(e.ptr == base);
+  CHECK(physical.unmaps.size() == 3);
+  CHECK(physical.unmaps[2] == base + 40 * MiB);
+  CHECK(physical.created.size() == created + 1);
+  CHECK(pages.mapped_bytes() == 72 * MiB);
+  for (const Block& b : {s1, s2, c, d, e}) a.free(b, 0, 0);
+}
+
 TEST_CASE("paged: pages under a block whose fence has not completed never move") {
   CountingSource source;
   CountingPhysical physical;
