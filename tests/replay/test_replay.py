@@ -164,8 +164,12 @@ class Figures(ReplayCase):
                          (2, 1, 1, 1, "cudaMalloc: cudaErrorMemoryAllocation", 1))
         self.assertEqual(self.peaks(run), (30 * MiB, 30 * MiB, 30 * MiB))
         self.assertEqual(done.stdout.splitlines()[1].split()[-1], "1", "the failures column")
+        # Over the double the line also says how to give its device more memory.
         self.assertTrue(done.stderr.splitlines()[-1].endswith(
-            "; 1 allocation failed in the replays (cudaMalloc: cudaErrorMemoryAllocation)"), done.stderr)
+            "; 1 allocation failed in the replays (cudaMalloc: cudaErrorMemoryAllocation); the CPU test "
+            "double's device has 40.0 MiB: set CUDADOUBLE_MEM (a size, such as 16G) above the log's peak"),
+            done.stderr)
+        self.assertEqual(run["double_bytes"], 40 * MiB)
 
 
 class RoundTrip(ReplayCase):
