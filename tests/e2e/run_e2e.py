@@ -1016,6 +1016,34 @@ def case_launcher_verbose_prints_the_log_path_at_start(tmp):
 
 
 @case
+def case_launcher_finds_the_log_of_a_bad_template(tmp):
+    """A log template the library refuses (%x) falls back to the default name in the folder it
+    named; the launcher follows the same rule, so --verbose names that file and the summary
+    reads it. A valid POOLSHIM_CONF item under a bad variable is the one taken."""
+    launcher = os.path.join(ROOT, "scripts", "poolshim")
+    done = subprocess.run([launcher, "--verbose", "--log", os.path.join(tmp, "run-%x.jsonl"), "--", program("demo"), "3",
+                           str(1 << 16)], env=launcher_env(), capture_output=True, text=True, timeout=60)
+    expect_equal(done.returncode, 0, f"exit status\n{done.stderr}")
+    paths = logs_in(tmp, "")
+    expect_equal(len(paths), 1, f"logs: {paths}")
+    pid = records_of(poolshim_log.read_log(paths[0]), "start")[0]["pid"]
+    expect_equal(paths[0], os.path.join(tmp, f"poolshim-{pid}.jsonl"), "the log's name")
+    expect_equal(done.stderr.splitlines()[0], f"poolshim: log {paths[0]}", "the first line on stderr")
+    expect(f"poolshim: pid {pid} (" in done.stderr, f"the summary of that log in\n{done.stderr}")
+    os.remove(paths[0])
+    env = dict(launcher_env(), POOLSHIM_LOG=os.path.join(tmp, "bad-%q.jsonl"),
+               POOLSHIM_CONF="log=" + os.path.join(tmp, "conf-%p.jsonl"))
+    done = subprocess.run([launcher, "--verbose", "--", program("demo"), "3", str(1 << 16)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    expect_equal(done.returncode, 0, f"exit status\n{done.stderr}")
+    paths = logs_in(tmp, "")
+    pid = records_of(poolshim_log.read_log(paths[0]), "start")[0]["pid"]
+    expect_equal(paths, [os.path.join(tmp, f"conf-{pid}.jsonl")], "the logs")
+    expect_equal(done.stderr.splitlines()[0], f"poolshim: log {paths[0]}", "the first line on stderr")
+    expect(f"poolshim: pid {pid} (" in done.stderr, f"the summary of that log in\n{done.stderr}")
+
+
+@case
 def case_launcher_takes_the_command_without_double_dash(tmp):
     """The command starts at the first argument that is neither a launcher option nor its value;
     everything after it is the command's, `--` and launcher-like options included."""
