@@ -27,7 +27,8 @@ namespace poolshim {
     "Log file (JSON Lines), created at the first device-memory call. %p pid, %h host, %r rank, "   \
     "%t start time, %% a percent sign; empty disables the log.")                                   \
   X(sample_ms, Milliseconds, "1000",                                                               \
-    "Interval between `sample` records (ms, or with an s suffix); 0 writes samples only at exit.") \
+    "Interval between `sample` records of why `interval` (ms, or with an s suffix); 0 writes "     \
+    "none (samples of why `peak`, `oom` and `exit` are written all the same).")                    \
   X(release_threshold, Size, "0",                                                                  \
     "Unused pool memory kept cached after the pool has been idle for idle_trim_ms (bytes with "    \
     "K/M/G/T, or % of device memory).")                                                            \
@@ -58,8 +59,9 @@ namespace poolshim {
     "Page of the heap's paged large arenas: requests over 1 MiB are placed in one range of "       \
     "reserved addresses per arena and only the pages under blocks in use (and `cache` more) are "  \
     "backed by device memory (cuMemCreate/cuMemMap); free pages move to where memory is needed. "  \
-    "Used on a single-device process whose device supports virtual memory management; 0 (and "     \
-    "elsewhere): large blocks from segments of the pool.")                                         \
+    "Used where the process sees one device (cuDeviceGetCount, after CUDA_VISIBLE_DEVICES) and "   \
+    "it supports virtual memory management; 0 (and elsewhere): large blocks from segments of the " \
+    "pool.")                                                                                       \
   X(legacy_reuse, Bool, "1",                                                                       \
     "1: a block freed in the legacy default stream's order (cudaFree in free mode ordered while "  \
     "its device has no non-blocking stream, or cudaFreeAsync on stream 0) serves the next "        \
@@ -96,9 +98,9 @@ namespace poolshim {
     "Print the effective configuration, where each value came from and the bytes each size "       \
     "resolves to, to stderr at start, and the log's path at exit.")                                \
   X(summary, Bool, "0",                                                                            \
-    "Print a short summary of the run (allocations, peaks, out-of-memory errors, leaks per "       \
-    "device) to stderr at exit, once the exit record is written, as the launcher does from the "   \
-    "log.")                                                                                        \
+    "Print a short summary of the run (allocations, peaks, out-of-memory errors, leaks at exit "   \
+    "of all devices together) to stderr at exit, once the exit record is written, as the "         \
+    "launcher does from the log.")                                                                 \
   X(strict, Bool, "0", "Refuse to start (exit status 2) on a bad option instead of warning.")
 
 enum class OptionKind { Bool, Path, Milliseconds, Size, Choice, Frames };

@@ -188,8 +188,9 @@ SegmentAllocator::Node* SegmentAllocator::search(Arena& arena, std::uint64_t siz
                                                  std::uintptr_t affinity, std::uint64_t completed,
                                                  bool mapped_only) {
   auto usable = [&](const Node* n) {
-    if (mapped_only && n->segment->paged && !pages_->mapped(n->ptr, size)) return false;
-    return (affinity != 0 && n->affinity == affinity) || n->ready_at <= completed;
+    // The fence and token test first: it is two compares, the page map's a walk of its pages.
+    if (!((affinity != 0 && n->affinity == affinity) || n->ready_at <= completed)) return false;
+    return !mapped_only || !n->segment->paged || pages_->mapped(n->ptr, size);
   };
   int budget = kSearchBudget;
   // The request's own bin holds blocks on both sides of it: the smallest that fits.
