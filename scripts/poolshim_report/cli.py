@@ -95,9 +95,8 @@ def parser():
                         "from the run's exit record (event_log_sites)")
     p.add_argument("--align", choices=("wall", "zero"), default="wall",
                    help="Perfetto time axis: 'wall' (default) places each process at its start time "
-                        "(start_unix_ns, or start_unix_s where a log has only whole seconds) so that runs and ranks "
-                        "line up; 'zero' starts every "
-                        "process at 0")
+                        "(start_unix_ns, or start_unix_s where a log has only whole seconds) so that "
+                        "runs and ranks line up; 'zero' starts every process at 0")
     p.add_argument("--no-lines", action="store_true",
                    help="do not ask addr2line for the file and line of call-site frames (by default "
                         "it is asked when it is on PATH and the modules are readable)")

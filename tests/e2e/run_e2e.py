@@ -1021,26 +1021,22 @@ def case_launcher_finds_the_log_of_a_bad_template(tmp):
     named; the launcher follows the same rule, so --verbose names that file and the summary
     reads it. A valid POOLSHIM_CONF item under a bad variable is the one taken."""
     launcher = os.path.join(ROOT, "scripts", "poolshim")
-    done = subprocess.run([launcher, "--verbose", "--log", os.path.join(tmp, "run-%x.jsonl"), "--", program("demo"), "3",
-                           str(1 << 16)], env=launcher_env(), capture_output=True, text=True, timeout=60)
-    expect_equal(done.returncode, 0, f"exit status\n{done.stderr}")
-    paths = logs_in(tmp, "")
-    expect_equal(len(paths), 1, f"logs: {paths}")
-    pid = records_of(poolshim_log.read_log(paths[0]), "start")[0]["pid"]
-    expect_equal(paths[0], os.path.join(tmp, f"poolshim-{pid}.jsonl"), "the log's name")
-    expect_equal(done.stderr.splitlines()[0], f"poolshim: log {paths[0]}", "the first line on stderr")
-    expect(f"poolshim: pid {pid} (" in done.stderr, f"the summary of that log in\n{done.stderr}")
-    os.remove(paths[0])
-    env = dict(launcher_env(), POOLSHIM_LOG=os.path.join(tmp, "bad-%q.jsonl"),
-               POOLSHIM_CONF="log=" + os.path.join(tmp, "conf-%p.jsonl"))
-    done = subprocess.run([launcher, "--verbose", "--", program("demo"), "3", str(1 << 16)], env=env,
-                          capture_output=True, text=True, timeout=60)
-    expect_equal(done.returncode, 0, f"exit status\n{done.stderr}")
-    paths = logs_in(tmp, "")
-    pid = records_of(poolshim_log.read_log(paths[0]), "start")[0]["pid"]
-    expect_equal(paths, [os.path.join(tmp, f"conf-{pid}.jsonl")], "the logs")
-    expect_equal(done.stderr.splitlines()[0], f"poolshim: log {paths[0]}", "the first line on stderr")
-    expect(f"poolshim: pid {pid} (" in done.stderr, f"the summary of that log in\n{done.stderr}")
+
+    def run_and_check(options, env, expected_name):
+        done = subprocess.run([launcher, "--verbose", *options, "--", program("demo"), "3", str(1 << 16)], env=env,
+                              capture_output=True, text=True, timeout=60)
+        expect_equal(done.returncode, 0, f"exit status\n{done.stderr}")
+        paths = logs_in(tmp, "")
+        expect_equal(len(paths), 1, f"logs: {paths}")
+        pid = records_of(poolshim_log.read_log(paths[0]), "start")[0]["pid"]
+        expect_equal(paths[0], os.path.join(tmp, expected_name.format(pid=pid)), "the log's name")
+        expect_equal(done.stderr.splitlines()[0], f"poolshim: log {paths[0]}", "the first line on stderr")
+        expect(f"poolshim: pid {pid} (" in done.stderr, f"the summary of that log in\n{done.stderr}")
+        os.remove(paths[0])
+
+    run_and_check(["--log", os.path.join(tmp, "run-%x.jsonl")], launcher_env(), "poolshim-{pid}.jsonl")
+    run_and_check([], dict(launcher_env(), POOLSHIM_LOG=os.path.join(tmp, "bad-%q.jsonl"),
+                           POOLSHIM_CONF="log=" + os.path.join(tmp, "conf-%p.jsonl")), "conf-{pid}.jsonl")
 
 
 @case
